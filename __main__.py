@@ -1,0 +1,3 @@
+from npuc.compiler.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Model frontends: turn a framework's model file into the npuc IR."""

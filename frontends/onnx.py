@@ -1,0 +1,291 @@
+"""ONNX frontend: load a model file, pin its input shapes, simplify it, and convert it to the npuc IR.
+
+Steps: load (external data confined to the model's folder) → pin dynamic input dims → shape inference →
+onnx-graphsurgeon clean-up (constant folding, Identity/Dropout removal, toposort) → one converter per node,
+chosen by (op_type, since_version) → IR verification. Every unsupported op is reported at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from npuc.compiler.errors import UnsupportedError, UserError
+from npuc.compiler.fold import fold_constant_ops
+from npuc.compiler.ir import Graph
+from onnx import external_data_helper, numpy_helper
+
+from .onnx_ops import ConvertContext, find_converter
+
+InputShapes = dict[str, tuple[int, ...]]
+
+_SHAPE_SPEC = re.compile(r"^([^:]+):(\d+(?:,\d+)*)$")
+
+
+def parse_input_shapes(specs: Iterable[str]) -> InputShapes:
+    """Parse `--input-shape name:1,3,224,224` values."""
+    shapes: InputShapes = {}
+    for spec in specs:
+        match = _SHAPE_SPEC.match(spec.strip())
+        if not match:
+            raise UserError(f"bad --input-shape '{spec}': write NAME:D0,D1,... such as x:1,3,224,224")
+        shapes[match.group(1)] = tuple(int(d) for d in match.group(2).split(","))
+    return shapes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def load_model(path: str | Path) -> onnx.ModelProto:
+    """Read an ONNX file, with external data that must live inside the model's folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"model file not found: {path}; check the path")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise UserError(
+            f"{path} is not a readable ONNX model ({_short(exc)}); the file is truncated or of another format"
+        ) from None
+    if not model.graph.output or not model.opset_import:
+        raise UserError(f"{path} is not an ONNX model (no graph outputs or opset); pass a .onnx file")
+    _load_external_data(model, path.parent.resolve(), path)
+    return model
+
+
+def _load_external_data(model: onnx.ModelProto, base: Path, path: Path) -> None:
+    for tensor in external_data_helper._get_all_tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        target = (base / location).resolve()
+        if not location or Path(location).is_absolute() or not target.is_relative_to(base):
+            raise UserError(
+                f"{path}: tensor '{tensor.name}' points to external data '{location}' outside the model's "
+                f"folder {base}; move the data file next to the model"
+            )
+        if not target.is_file():
+            raise UserError(f"{path}: external data file '{location}' of tensor '{tensor.name}' is missing")
+    try:
+        external_data_helper.load_external_data_for_model(model, str(base))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read external data ({_short(exc)})") from None
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Shapes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in initializers]
+
+
+def pin_input_shapes(model: onnx.ModelProto, shapes: InputShapes) -> list[str]:
+    """Fix every input's dims; returns notes about defaults applied (a symbolic batch dim becomes 1)."""
+    notes: list[str] = []
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise UserError(
+            f"--input-shape names {', '.join(unknown)}, but the model's inputs are {', '.join(inputs)}; "
+            "use one of those names"
+        )
+    for name, vi in inputs.items():
+        dims = vi.type.tensor_type.shape.dim
+        if name in shapes:
+            given = shapes[name]
+            if len(dims) and len(given) != len(dims):
+                raise UserError(
+                    f"--input-shape {name}: gives {len(given)} dims but the input has rank {len(dims)}; "
+                    f"give {len(dims)} dims"
+                )
+            for i, d in enumerate(dims):
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != given[i]:
+                    raise UserError(
+                        f"--input-shape {name}: dim {i} is fixed to {d.dim_value} in the model, not {given[i]}; "
+                        "only dynamic dims can be changed"
+                    )
+            del vi.type.tensor_type.shape.dim[:]
+            for d in given:
+                vi.type.tensor_type.shape.dim.add().dim_value = int(d)
+            continue
+        for i, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            label = d.dim_param or "?"
+            if i == 0 and len(dims) > 1:
+                d.Clear()
+                d.dim_value = 1
+                notes.append(f"input '{name}': batch dim '{label}' set to 1")
+                continue
+            example = ",".join(str(x.dim_value) if x.dim_value > 0 else "N" for x in dims)
+            raise UserError(
+                f"input '{name}' dim {i} is dynamic ('{label}'); pin it with --input-shape {name}:{example}"
+            )
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Clean-up with onnx-graphsurgeon
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_acyclic(graph: onnx.GraphProto) -> None:
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+    deps = [{producer[x] for x in node.input if x in producer} for node in graph.node]
+    indegree = [len(d) for d in deps]
+    users: dict[int, list[int]] = {}
+    for i, d in enumerate(deps):
+        for j in d:
+            users.setdefault(j, []).append(i)
+    ready = [i for i, n in enumerate(indegree) if n == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for j in users.get(i, []):
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    if seen != len(graph.node):
+        stuck = [graph.node[i].name or graph.node[i].output[0] for i, n in enumerate(indegree) if n > 0]
+        raise UserError(
+            f"the graph has a cycle through {len(stuck)} nodes ({', '.join(stuck[:5])}"
+            f"{', ...' if len(stuck) > 5 else ''}); ONNX graphs must be acyclic, re-export the model"
+        )
+
+
+def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold constants, drop Identity/Dropout, remove dead nodes and sort topologically.
+
+    Shape ops are left to npuc's own converter (graphsurgeon's shape folding ignores Shape's start/end);
+    the converters fold them and everything computed from them eagerly.
+    """
+    import onnx_graphsurgeon as gs
+
+    gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.CRITICAL
+    logging.getLogger("onnx_graphsurgeon").setLevel(logging.CRITICAL)
+    graph = gs.import_onnx(model)
+    outputs = {t.name for t in graph.outputs}
+    for node in list(graph.nodes):
+        if node.op == "Identity" or (node.op == "Dropout" and len(node.outputs) == 1):
+            src, dst = node.inputs[0], node.outputs[0]
+            if dst.name in outputs:
+                continue
+            for user in list(dst.outputs):
+                for i, tensor in enumerate(user.inputs):
+                    if tensor is dst:
+                        user.inputs[i] = src
+            node.outputs.clear()
+    graph.cleanup(remove_unused_graph_inputs=False)
+    for _ in range(3):
+        before = len(graph.nodes)
+        try:
+            graph.fold_constants(fold_shapes=False, error_ok=True).cleanup(remove_unused_graph_inputs=False)
+        except Exception:  # graphsurgeon/onnxruntime folding failures are not the user's problem: keep going
+            break
+        if len(graph.nodes) == before:
+            break
+    graph.toposort()
+    out = gs.export_onnx(graph)
+    out.ir_version = model.ir_version
+    del out.opset_import[:]
+    out.opset_import.extend(model.opset_import)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------------------
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 1
+
+
+def check_supported(model: onnx.ModelProto) -> None:
+    """Raise one error listing every node npuc has no converter for."""
+    opset = opset_of(model)
+    missing = [
+        f"'{node.name or node.output[0]}' {node.op_type}" + (f" [{node.domain}]" if node.domain else "")
+        for node in model.graph.node
+        if find_converter(node.op_type, node.domain, opset) is None
+    ]
+    if missing:
+        kinds = sorted({m.split(" ", 1)[1] for m in missing})
+        raise UnsupportedError(
+            f"{len(missing)} unsupported node(s) at opset {opset} ({', '.join(kinds)}): "
+            f"{'; '.join(missing[:8])}{'; ...' if len(missing) > 8 else ''}; "
+            "replace these ops in the model or run `npuc inspect` to list them"
+        )
+
+
+def convert(model: onnx.ModelProto) -> Graph:
+    """Convert a simplified, shape-pinned ONNX model to an IR graph (nodes must be toposorted)."""
+    opset = opset_of(model)
+    graph = Graph(name=model.graph.name or "model")
+    for init in model.graph.initializer:
+        graph.add_const(init.name, numpy_helper.to_array(init))
+    for vi in _graph_inputs(model):
+        tensor_type = vi.type.tensor_type
+        dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+        graph.add_tensor(vi.name, [d.dim_value for d in tensor_type.shape.dim], dtype)
+        graph.inputs.append(vi.name)
+        graph.input_layouts[vi.name] = "nchw"
+    for node in model.graph.node:
+        entry = find_converter(node.op_type, node.domain, opset)
+        assert entry is not None, "check_supported runs first"
+        start = len(graph.ops)
+        entry.fn(ConvertContext(graph, node, opset))
+        fold_constant_ops(graph, graph.ops[start:])
+    graph.outputs = [vi.name for vi in model.graph.output]
+    graph.verify()
+    return graph
+
+
+def import_model(
+    model: onnx.ModelProto, input_shapes: InputShapes | None = None, notes: list[str] | None = None
+) -> Graph:
+    """In-memory ONNX model → verified IR graph."""
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    applied = pin_input_shapes(model_copy, input_shapes or {})
+    if notes is not None:
+        notes.extend(applied)
+    _check_acyclic(model_copy.graph)
+    try:
+        model_copy = onnx.shape_inference.infer_shapes(model_copy, data_prop=True)
+    except Exception as exc:  # onnx raises several types for inconsistent models
+        raise UserError(
+            f"shape inference failed: {_short(exc)}; check --input-shape against the model"
+        ) from None
+    simplified = simplify(model_copy)
+    check_supported(simplified)
+    return convert(simplified)
+
+
+def import_onnx(
+    path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None
+) -> Graph:
+    """ONNX file → verified IR graph."""
+    graph = import_model(load_model(path), input_shapes, notes)
+    if graph.name == "model":
+        graph.name = Path(path).stem
+    return graph

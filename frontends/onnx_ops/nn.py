@@ -1,0 +1,227 @@
+"""Converters for the compute-heavy ONNX ops: convolutions, pooling, dense layers, normalisation, softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.compiler import ops
+
+from .registry import ConvertContext, converter
+
+
+def _same_pads(sizes, kernel, strides, dilations, mode: str) -> list[int]:
+    """Explicit (begins..., ends...) pads for auto_pad SAME_UPPER / SAME_LOWER."""
+    begins, ends = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, large = total // 2, total - total // 2
+        begins.append(small if mode == "SAME_UPPER" else large)
+        ends.append(large if mode == "SAME_UPPER" else small)
+    return begins + ends
+
+
+def _window_params(ctx: ConvertContext, kernel: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """strides, dilations and (begins..., ends...) pads of a conv/pool node, auto_pad resolved."""
+    n = len(kernel)
+    strides = list(ctx.attr("strides", [1] * n))
+    dilations = list(ctx.attr("dilations", [1] * n))
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(ctx.shape(0)[2:], kernel, strides, dilations, auto_pad)
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * n)
+    else:
+        pads = list(ctx.attr("pads", [0] * (2 * n)))
+    return strides, dilations, pads
+
+
+def _to_2d(values: list[int], fill: int) -> tuple[int, int]:
+    return (fill, values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _pads_2d(pads: list[int]) -> tuple[int, int, int, int]:
+    """(begins..., ends...) in 1-D or 2-D → (top, left, bottom, right)."""
+    if len(pads) == 2:
+        return (0, pads[0], 0, pads[1])
+    return (pads[0], pads[1], pads[2], pads[3])
+
+
+def _check_spatial(ctx: ConvertContext, spatial: int) -> None:
+    if spatial not in (1, 2):
+        raise ctx.unsupported(
+            f"{spatial}-D windows are not supported", "NPU targets compute 1-D and 2-D windows only"
+        )
+
+
+def _lift_1d(ctx: ConvertContext, name: str) -> str:
+    """View an N,C,L tensor as N,C,1,L so 1-D windows run as 2-D ones."""
+    shape = ctx.graph.shape(name)
+    data = ctx.graph.const(name)
+    lifted = ctx.temp("as2d")
+    if data is not None:
+        ctx.graph.add_const(lifted, data.reshape(shape[:2] + (1,) + shape[2:]))
+    else:
+        ctx.emit("reshape", [name], ops.Reshape(shape[:2] + (1,) + shape[2:]), [lifted])
+    return lifted
+
+
+def _emit_windowed(ctx: ConvertContext, kind: str, inputs: list[str], attrs, lift_weight: bool) -> None:
+    """Emit a 2-D op; 1-D nodes are lifted to 2-D and reshaped back."""
+    if len(ctx.shape(0)) != 3:
+        ctx.emit(kind, inputs, attrs)
+        return
+    lifted = [_lift_1d(ctx, inputs[0])] + [
+        _lift_1d(ctx, name) if i == 1 and lift_weight else name for i, name in enumerate(inputs[1:], 1)
+    ]
+    out2d = ctx.temp("2d")
+    op = ctx.emit(kind, lifted, attrs, [out2d])
+    shape = ctx.graph.shape(op.outputs[0])
+    ctx.emit("reshape", [out2d], ops.Reshape(shape[:2] + shape[3:]), [ctx.output(0)])
+
+
+@converter("Conv", 1)
+def conv(ctx: ConvertContext) -> None:
+    weight_shape = ctx.shape(1)
+    kernel = list(ctx.attr("kernel_shape", weight_shape[2:]))
+    _check_spatial(ctx, len(kernel))
+    strides, dilations, pads = _window_params(ctx, kernel)
+    attrs = ops.Conv2d(
+        strides=_to_2d(strides, 1),
+        pads=_pads_2d(pads),
+        dilations=_to_2d(dilations, 1),
+        group=int(ctx.attr("group", 1)),
+    )
+    _emit_windowed(ctx, "conv2d", ctx.inputs, attrs, lift_weight=True)
+
+
+@converter("ConvTranspose", 1)
+def conv_transpose(ctx: ConvertContext) -> None:
+    weight_shape = ctx.shape(1)
+    kernel = list(ctx.attr("kernel_shape", weight_shape[2:]))
+    _check_spatial(ctx, len(kernel))
+    n = len(kernel)
+    strides = list(ctx.attr("strides", [1] * n))
+    dilations = list(ctx.attr("dilations", [1] * n))
+    out_pad = list(ctx.attr("output_padding", [0] * n))
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    output_shape = ctx.attr("output_shape")
+    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = [size * s for size, s in zip(ctx.shape(0)[2:], strides)]
+    if output_shape is not None:
+        output_shape = list(output_shape)[-n:]
+        begins, ends = [], []
+        for size, k, s, d, op_, want in zip(
+            ctx.shape(0)[2:], kernel, strides, dilations, out_pad, output_shape
+        ):
+            total = s * (size - 1) + op_ + (k - 1) * d + 1 - want
+            small, large = total // 2, total - total // 2
+            begins.append(small if auto_pad == "SAME_UPPER" else large)
+            ends.append(large if auto_pad == "SAME_UPPER" else small)
+        if any(b < 0 for b in begins):
+            raise ctx.unsupported(f"output_shape {output_shape} needs negative leading padding")
+        # a negative trailing pad grows the output: that is extra output padding
+        out_pad = [p + max(-e, 0) for p, e in zip(out_pad, ends)]
+        pads = begins + [max(e, 0) for e in ends]
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * n)
+    else:
+        pads = list(ctx.attr("pads", [0] * (2 * n)))
+    attrs = ops.ConvTranspose2d(
+        strides=_to_2d(strides, 1),
+        pads=_pads_2d(pads),
+        dilations=_to_2d(dilations, 1),
+        group=int(ctx.attr("group", 1)),
+        output_padding=_to_2d(out_pad, 0),
+    )
+    _emit_windowed(ctx, "conv_transpose2d", ctx.inputs, attrs, lift_weight=True)
+
+
+def _pool(ctx: ConvertContext, mode: str) -> None:
+    if len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.unsupported("the Indices output of MaxPool is not supported", "drop the second output")
+    if ctx.attr("storage_order", 0):
+        raise ctx.unsupported("storage_order=1 is not supported", "export with storage_order=0")
+    kernel = list(ctx.attr("kernel_shape"))
+    _check_spatial(ctx, len(kernel))
+    strides, dilations, pads = _window_params(ctx, kernel)
+    attrs = ops.Pool2d(
+        mode=mode,
+        kernel=_to_2d(kernel, 1),
+        strides=_to_2d(strides, 1),
+        pads=_pads_2d(pads),
+        dilations=_to_2d(dilations, 1),
+        ceil_mode=bool(ctx.attr("ceil_mode", 0)),
+        count_include_pad=bool(ctx.attr("count_include_pad", 0)),
+    )
+    _emit_windowed(ctx, "pool2d", [ctx.input(0)], attrs, lift_weight=False)
+
+
+@converter("MaxPool", 1)
+def max_pool(ctx: ConvertContext) -> None:
+    _pool(ctx, "max")
+
+
+@converter("AveragePool", 1)
+def average_pool(ctx: ConvertContext) -> None:
+    _pool(ctx, "avg")
+
+
+@converter("GlobalAveragePool", 1)
+def global_average_pool(ctx: ConvertContext) -> None:
+    ctx.emit("global_pool", [ctx.input(0)], ops.GlobalPool("avg"))
+
+
+@converter("GlobalMaxPool", 1)
+def global_max_pool(ctx: ConvertContext) -> None:
+    ctx.emit("global_pool", [ctx.input(0)], ops.GlobalPool("max"))
+
+
+@converter("Gemm", 7)
+def gemm(ctx: ConvertContext) -> None:
+    attrs = ops.Gemm(
+        trans_a=bool(ctx.attr("transA", 0)),
+        trans_b=bool(ctx.attr("transB", 0)),
+        alpha=float(ctx.attr("alpha", 1.0)),
+        beta=float(ctx.attr("beta", 1.0)),
+    )
+    ctx.emit("gemm", ctx.inputs, attrs)
+
+
+@converter("MatMul", 1)
+def matmul(ctx: ConvertContext) -> None:
+    ctx.emit("matmul", ctx.inputs, ops.MatMul())
+
+
+@converter("BatchNormalization", 7, const_inputs=(1, 2, 3, 4))
+def batch_normalization(ctx: ConvertContext) -> None:
+    if ctx.attr("training_mode", 0) or len([o for o in ctx.node.output if o]) > 1:
+        raise ctx.unsupported(
+            "training-mode BatchNormalization is not supported", "export the model in eval mode"
+        )
+    scale, bias, mean, var = (ctx.const(i).astype(np.float64) for i in (1, 2, 3, 4))
+    factor = scale / np.sqrt(var + float(ctx.attr("epsilon", 1e-5)))
+    dtype = ctx.graph.tensors[ctx.input(0)].dtype
+    s_name, b_name = ctx.temp("bn_scale"), ctx.temp("bn_bias")
+    ctx.graph.add_const(s_name, factor.astype(dtype))
+    ctx.graph.add_const(b_name, (bias - mean * factor).astype(dtype))
+    ctx.emit("channel_scale", [ctx.input(0), s_name, b_name], ops.ChannelScale(axis=1))
+
+
+@converter("LRN", 1)
+def lrn(ctx: ConvertContext) -> None:
+    attrs = ops.LRN(
+        size=int(ctx.attr("size")),
+        alpha=float(ctx.attr("alpha", 1e-4)),
+        beta=float(ctx.attr("beta", 0.75)),
+        bias=float(ctx.attr("bias", 1.0)),
+    )
+    ctx.emit("lrn", [ctx.input(0)], attrs)
+
+
+@converter("Softmax", 1)
+def softmax_legacy(ctx: ConvertContext) -> None:
+    ctx.emit("softmax", [ctx.input(0)], ops.Softmax(axis=ctx.axis(int(ctx.attr("axis", 1))), coerce_2d=True))
+
+
+@converter("Softmax", 13)
+def softmax(ctx: ConvertContext) -> None:
+    ctx.emit("softmax", [ctx.input(0)], ops.Softmax(axis=ctx.axis(int(ctx.attr("axis", -1)))))
