@@ -1,0 +1,1 @@
+"""Vendor backends: one package per target (container, instruction codec, code generation, simulator)."""

@@ -1,0 +1,1 @@
+"""Compiler passes: canonicalization, calibration, quantization, lowering, layer grouping, memory."""
