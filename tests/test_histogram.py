@@ -1,0 +1,261 @@
+"""Tests for passes/histogram.py: two-pass statistics, exact shard merging, threshold methods, .npz files."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from npuc.compiler.errors import UserError
+from npuc.passes import calitable as ct
+from npuc.passes import histogram as hg
+
+GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+RNG = np.random.default_rng(7)
+
+
+def _samples(n: int = 12) -> list[dict[str, np.ndarray]]:
+    out = []
+    for i in range(n):
+        x = RNG.normal(0, 1 + 0.3 * i, (2, 8, 16)).astype(np.float32)
+        out.append({"conv": x, "relu": np.maximum(x, 0), "lap": RNG.laplace(0, 1, 500).astype(np.float32)})
+    return out
+
+
+def _run(samples, base: hg.CalibrationStats | None = None, phase: str = "both") -> hg.CalibrationStats:
+    stats = hg.CalibrationStats() if base is None else base
+    if phase in ("range", "both"):
+        for s in samples:
+            for name, x in s.items():
+                stats.observe_range(name, x)
+        if phase == "range":
+            return stats
+        stats = stats.freeze()
+    for s in samples:
+        for name, x in s.items():
+            stats.observe_histogram(name, x)
+    return stats
+
+
+def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
+    samples = _samples()
+    single = _run(samples)
+    a, b = samples[:5], samples[5:]
+    frozen = _run(a, phase="range").merge(_run(b, phase="range")).freeze()
+    shard_a = _run(a, frozen.copy(), phase="hist")
+    shard_b = _run(b, frozen.copy(), phase="hist")
+    merged = shard_a.merge(shard_b)
+    assert frozen.tensors["conv"].hist.sum() == 0  # shards never wrote into the shared frozen copy
+    hg.save_stats(single, tmp_path / "single.npz")
+    hg.save_stats(merged, tmp_path / "merged.npz")
+    # merge the saved shard files too, as a sharded CLI run would
+    hg.save_stats(shard_a, tmp_path / "a.npz")
+    hg.save_stats(shard_b, tmp_path / "b.npz")
+    from_files = hg.load_stats(tmp_path / "a.npz").merge(hg.load_stats(tmp_path / "b.npz"))
+    hg.save_stats(from_files, tmp_path / "files.npz")
+    ref = (tmp_path / "single.npz").read_bytes()
+    assert (tmp_path / "merged.npz").read_bytes() == ref
+    assert (tmp_path / "files.npz").read_bytes() == ref
+    for method in hg.THRESHOLD_METHODS:
+        assert hg.table_rows(merged, method) == hg.table_rows(single, method)
+    st = single.tensors["conv"]
+    assert st.numel == 12 * 256 and st.samples == 12 and int(st.hist.sum()) + st.zeros == 12 * 256
+
+
+def test_shard_order_does_not_matter():
+    samples = _samples()
+    ranges = _run(samples[6:], phase="range").merge(_run(samples[:6], phase="range"))
+    assert hg.table_rows(_run(samples[::-1], ranges.freeze(), phase="hist"), "kl") == hg.table_rows(
+        _run(samples), "kl"
+    )
+
+
+def test_histogram_matches_tpu_mlir_binning():
+    x = np.concatenate([RNG.normal(0, 2, 5000), [0.0, 0.0, -0.0]]).astype(np.float32)
+    absmax = np.float32(np.abs(x).max())
+    counts, zeros = hg.histogram_abs(x, absmax, 2048)
+    t = np.abs(x)
+    t = t[t != 0]
+    width = absmax / np.float32(2047)
+    ref, _ = np.histogram(np.floor(t / width + np.float32(0.5)), bins=2048, range=(0, 2047))
+    assert counts.tolist() == ref.tolist() and zeros == 3
+    assert counts[-1] >= 1  # the absmax lands in the last bin
+
+
+def _kl_reference(hist: np.ndarray, bins: int = 128) -> np.ndarray:
+    """Direct per-bin transcription of the algorithm in quant.md §1.2 (slow loops, float64)."""
+    n = len(hist)
+    count = hist.sum()
+    costs = []
+    for i in range(bins, n + 1, bins):
+        p = np.zeros(i)
+        for j in range(n):
+            p[min(j, i - 1)] += hist[j]
+        p /= count
+        q = np.zeros(i)
+        expand = i // bins
+        first = hist[:i].sum()
+        for g in range(bins):
+            seg = hist[g * expand : (g + 1) * expand]
+            base = seg.sum() / max(int((seg > 0).sum()), 1) / first
+            q[g * expand : (g + 1) * expand] = np.where(seg > 0, base, 0.0)
+        costs.append(float(np.sum(p * (np.log10(p + 1e-30) - np.log10(q + 1e-30)))))
+    return np.array(costs)
+
+
+@pytest.mark.parametrize("kind", ["normal", "laplace", "cubed", "sparse"])
+def test_kl_vectorized_equals_reference(kind):
+    x = {
+        "normal": lambda: RNG.normal(0, 1, 200_000),
+        "laplace": lambda: RNG.laplace(0, 1, 200_000),
+        "cubed": lambda: RNG.normal(0, 1, 5000) ** 3,
+        "sparse": lambda: RNG.normal(0, 1, 300),
+    }[kind]().astype(np.float32)
+    hist, _ = hg.histogram_abs(x, np.abs(x).max(), 2048)
+    got = hg.kl_divergences(hist)
+    ref = _kl_reference(hist)
+    assert got.shape == (16,)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+    assert int(np.argmin(got)) == int(np.argmin(ref))
+
+
+def test_kl_pads_to_multiple_of_dst_bins():
+    hist = RNG.integers(0, 50, 1000)
+    padded = np.concatenate([hist, np.zeros(24, dtype=hist.dtype)])
+    np.testing.assert_allclose(hg.kl_divergences(hist), _kl_reference(padded), rtol=1e-9)
+    assert hg.kl_threshold(np.zeros(2048, np.int64), 0.1) == 0.0
+
+
+def _single_tensor(x: np.ndarray) -> hg.TensorStats:
+    stats = hg.CalibrationStats()
+    stats.observe_range("t", x)
+    stats = stats.freeze()
+    stats.observe_histogram("t", x)
+    return stats.tensors["t"]
+
+
+def test_threshold_methods_on_gaussian_and_laplacian():
+    g = _single_tensor(RNG.normal(0, 1, 1_000_000).astype(np.float32))
+    lap = _single_tensor(RNG.laplace(0, 1, 1_000_000).astype(np.float32))
+    assert hg.compute_threshold(g, "max") == g.absmax
+    # KL: a multiple of 128 bins, inside (3 sigma, absmax]
+    kl_g = hg.compute_threshold(g, "kl")
+    assert 3.0 < kl_g <= g.absmax
+    kl_l = hg.compute_threshold(lap, "kl")
+    assert 6.0 < kl_l < 0.95 * lap.absmax  # heavy tail gets clipped
+    assert kl_l == pytest.approx(lap.width * 128 * round(kl_l / (lap.width * 128)), rel=1e-6)
+    # MSE: the known optimal 8-bit clipping (ACIQ: 3.92 sigma for Gauss, 9.90 b for Laplace)
+    assert 3.7 < hg.compute_threshold(g, "mse") < 4.2
+    assert 9.0 < hg.compute_threshold(lap, "mse") < 11.0
+    # percentile of |x|: Gaussian 99.99% two-sided quantile is 3.8906
+    assert hg.compute_threshold(g, "percentile", percentile=99.99) == pytest.approx(3.8906, abs=0.03)
+    assert hg.compute_threshold(g, "percentile", percentile=50) == pytest.approx(0.6745, abs=0.01)
+
+
+def test_percentile_counts_zeros_and_uniform_edges():
+    u = _single_tensor(np.linspace(0, 1, 100_001, dtype=np.float32))
+    assert hg.compute_threshold(u, "percentile", percentile=99.99) == pytest.approx(0.9999, abs=2 * u.width)
+    half_zero = _single_tensor(np.concatenate([np.zeros(1000), np.ones(1000)]).astype(np.float32))
+    assert half_zero.zeros == 1000
+    assert hg.compute_threshold(half_zero, "percentile", percentile=40) == hg.MIN_THRESHOLD
+
+
+def test_degenerate_tensors_and_table_rows():
+    stats = hg.CalibrationStats()
+    for _ in range(2):
+        stats.observe_range("zero", np.zeros(8, np.float32))
+        stats.observe_range("relu", np.array([0.0, 1.0, 3.0], np.float32))
+    stats = stats.freeze()
+    for _ in range(2):
+        stats.observe_histogram("zero", np.zeros(8, np.float32))
+        stats.observe_histogram("relu", np.array([0.0, 1.0, 3.0], np.float32))
+    rows = hg.table_rows(stats, "kl")
+    assert rows["zero"] == (1e-5, 0.0, 1e-5)
+    assert rows["relu"] == (3.0, 0.0, 3.0)
+    table = ct.table_from_rows(rows, method="kl", sample_number=2)
+    assert ct.format_table(table).endswith(
+        "zero 0.0000100 0.0000000 0.0000100\nrelu 3.0000000 0.0000000 3.0000000\n"
+    )
+
+
+def test_golden_smallcnn_input_statistics():
+    """The range pass over tpu-mlir's 20 calibration samples reproduces its table row for `input`."""
+    stats = hg.CalibrationStats()
+    files = sorted((GOLDEN / "cv18xx" / "smallcnn_cali_samples").glob("*.npz"))
+    assert len(files) == 20
+    xs = [np.load(f)["input"] for f in files]
+    for x in xs:
+        stats.observe_range("input", x)
+    stats = stats.freeze()
+    for x in xs:
+        stats.observe_histogram("input", x)
+    golden_rows = (GOLDEN / "cv18xx" / "smallcnn_cali_table.txt").read_text().splitlines()
+    ours = ct.format_table(ct.table_from_rows(hg.table_rows(stats, "kl"))).splitlines()
+    assert ours[-1] == golden_rows[10] == "input 4.7247663 -4.7247663 4.4531603"
+    assert f"{stats.tensors['input'].min:.7f} {stats.tensors['input'].max:.7f}" == "-4.7247663 4.4531603"
+
+
+def test_user_errors(tmp_path):
+    stats = hg.CalibrationStats()
+    stats.observe_range("a", np.ones(4, np.float32))
+    with pytest.raises(UserError, match="no frozen range"):
+        stats.observe_histogram("a", np.ones(4))
+    with pytest.raises(UserError, match="needs the histogram pass"):
+        hg.compute_threshold(stats.tensors["a"], "kl")
+    with pytest.raises(UserError, match="NaN or Inf"):
+        stats.observe_range("a", np.array([np.nan], np.float32))
+    frozen = stats.freeze()
+    with pytest.raises(UserError, match="exceeds the range pass"):
+        frozen.observe_histogram("a", np.full(4, 2.0, np.float32))
+    with pytest.raises(UserError, match="range pass after freeze"):
+        frozen.observe_range("a", np.ones(4))
+    with pytest.raises(UserError, match="unknown calibration method 'entropy'"):
+        hg.compute_threshold(frozen.tensors["a"], "entropy")
+    with pytest.raises(UserError, match="does not take parameters"):
+        hg.compute_threshold(frozen.tensors["a"], "max", percentile=3)
+    with pytest.raises(UserError, match="percentile 0"):
+        hg.compute_threshold(frozen.tensors["a"], "percentile", percentile=0)
+    with pytest.raises(UserError, match="bins"):
+        hg.CalibrationStats(bins=16)
+    with pytest.raises(UserError, match="range-pass shard with a histogram-pass shard"):
+        stats.merge(frozen)
+    other = hg.CalibrationStats()
+    other.observe_range("a", np.full(4, 3.0, np.float32))
+    with pytest.raises(UserError, match="different ranges"):
+        frozen.merge(other.freeze())
+
+
+def test_corrupt_statistics_files(tmp_path):
+    stats = _run(_samples(2))
+    good = tmp_path / "good.npz"
+    hg.save_stats(stats, good)
+    data = good.read_bytes()
+    cases = {
+        "truncated.npz": data[: len(data) // 2],
+        "random.npz": RNG.integers(0, 256, 4000, dtype=np.uint8).tobytes(),
+        "empty.npz": b"",
+    }
+    for name, blob in cases.items():
+        (tmp_path / name).write_bytes(blob)
+        with pytest.raises(UserError, match="not a npuc statistics"):
+            hg.load_stats(tmp_path / name)
+    # a member whose header claims a huge array must not be allocated
+    liar = tmp_path / "liar.npz"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(liar, "w") as dst:
+        for info in src.infolist():
+            blob = src.read(info)
+            if info.filename == "hist.npy":  # same header length, a much larger shape
+                blob = blob.replace(b"'shape': (3, 2048)", b"'shape': (9999999, 99)")
+                assert b"9999999" in blob
+            dst.writestr(info, blob)
+    with pytest.raises(UserError, match="size does not match"):
+        hg.load_stats(liar)
+    # well-formed zip, wrong contents
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, names=np.array(["a"]), bins=np.array(2048))
+    with pytest.raises(UserError, match="corrupt statistics file: missing array"):
+        hg.load_stats(wrong)
+    with pytest.raises(UserError, match="cannot read statistics"):
+        hg.load_stats(tmp_path / "missing.npz")
+    assert hg.table_rows(hg.load_stats(good), "mse") == hg.table_rows(stats, "mse")
