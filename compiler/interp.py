@@ -15,6 +15,29 @@ from .ir import Graph, Op
 from .kernels import FLOAT_KERNELS, KernelFn
 
 
+# How a user-facing input layout maps onto the graph's NCHW input tensor.
+_FROM_LAYOUT = {"nchw": None, "nhwc": (0, 3, 1, 2)}
+
+
+def external_shape(graph: Graph, name: str) -> tuple[int, ...]:
+    """The shape a user feeds for input `name` (its declared layout, e.g. NHWC for absorbed transposes)."""
+    shape = graph.tensors[name].shape
+    perm = _FROM_LAYOUT[graph.input_layouts.get(name, "nchw")]
+    return shape if perm is None else tuple(shape[perm.index(i)] for i in range(len(shape)))
+
+
+def to_graph_layout(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Transpose feeds given in each input's declared layout into the graph's internal layout."""
+    out = {}
+    for name, value in feeds.items():
+        perm = _FROM_LAYOUT[graph.input_layouts.get(name, "nchw")]
+        value = np.asarray(value)
+        if perm is not None and name in graph.tensors and value.shape == external_shape(graph, name):
+            value = np.ascontiguousarray(value.transpose(perm))
+        out[name] = value
+    return out
+
+
 def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The feeds as arrays, after checking that names, shapes and dtypes match the graph inputs."""
     unknown = sorted(set(feeds) - set(graph.inputs))
@@ -27,9 +50,10 @@ def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
         tensor = graph.tensors[name]
         value = np.asarray(feeds[name])
         if tuple(value.shape) != tuple(tensor.shape):
+            layout = graph.input_layouts.get(name, "nchw")
             raise UserError(
-                f"input '{name}': expected shape {list(tensor.shape)}, given {list(value.shape)}; "
-                "feed an array of the model's input shape"
+                f"input '{name}': expected shape {list(external_shape(graph, name))} ({layout}), given "
+                f"{list(value.shape)}; feed an array of the model's input shape"
             )
         if str(value.dtype) != tensor.dtype:
             raise UserError(
@@ -71,8 +95,9 @@ def run(
     keep_all: bool = False,
     kernels: Mapping[str, KernelFn] = FLOAT_KERNELS,
 ) -> dict[str, np.ndarray]:
-    """Execute `graph` on `feeds`; return its outputs, or (keep_all) also every input and op output."""
-    env: dict[str, np.ndarray] = dict(check_feeds(graph, feeds))
+    """Execute `graph` on `feeds` (each in its input's declared layout); return its outputs, or (keep_all)
+    also every input and op output."""
+    env: dict[str, np.ndarray] = dict(check_feeds(graph, to_graph_layout(graph, feeds)))
     last = last_uses(graph)
     keep = set(graph.outputs)
 

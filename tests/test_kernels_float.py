@@ -723,7 +723,7 @@ def test_graph_input_can_be_an_output() -> None:
 
 
 def test_feed_shape_mismatch_names_input_and_shapes() -> None:
-    with pytest.raises(UserError, match=r"input 'x': expected shape \[1, 2, 4, 4\], given \[1, 2, 4, 5\]"):
+    with pytest.raises(UserError, match=r"input 'x': expected shape \[1, 2, 4, 4\] \(nchw\), given \[1, 2, 4, 5\]"):
         run(chain_graph(), {"x": rand(1, 2, 4, 5)})
 
 

@@ -1,0 +1,213 @@
+"""A functional CV18xx simulator that runs a .cvimodel from its bytes with numpy.
+
+Routines run in program order: CPU routines through the built-in functions in CPU_FUNCTIONS, TPU routines by
+decoding their cmdbuf and executing each descriptor in stream order (the sync ids only order the engines,
+and the stream order already respects them). Global memory is one byte array per region (0 shared,
+1 weight, 2 private, 3.. io), local memory is lanes x lmem_size bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from npuc.backends.cv18xx import isa
+from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
+from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
+from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, model_schema
+from npuc.backends.cv18xx.sim_mem import FORMATS, GlobalMemory, LocalMemory
+from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, f32_to_bf16
+from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
+
+REGION_BITS = 40
+# cvimodel DType -> numpy dtype of the tensor's bytes in gmem (bf16 kept as raw uint16).
+DTYPES = {
+    0: np.float32,
+    1: np.int32,
+    2: np.uint32,
+    3: np.uint16,
+    4: np.int16,
+    5: np.uint16,
+    6: np.int8,
+    7: np.uint8,
+}
+_TDMA_FMT = {1: "i8", 2: "bf16"}
+
+
+def _tdma_addr(f: dict[str, int], side: str, is_global: bool, chip: ChipSpec) -> tuple[int, int]:
+    addr = (f[f"{side}_base_addr_high"] << 32) | f[f"{side}_base_addr_low"]
+    return (f[f"{side}_base_reg_sel"], addr - chip.gmem_base) if is_global else (-1, addr)
+
+
+def _convert(values: np.ndarray, src: str, dst: str) -> np.ndarray:
+    if src == dst:
+        return values
+    if (src, dst) == ("i8", "bf16"):
+        return f32_to_bf16(values.astype(np.float32))
+    raise UnsupportedError(f"TDMA format conversion {src} -> {dst} is not simulated yet")
+
+
+class Machine:
+    """Global and local memory of one chip plus the descriptor executors."""
+
+    def __init__(self, chip: ChipSpec, gmem: GlobalMemory) -> None:
+        self.chip = chip
+        self.gmem = gmem
+        self.lmem = LocalMemory.create(chip.lanes, chip.lmem_size)
+
+    def _access(self, region: int, addr: int, shape: tuple, strides: tuple, fmt: str, values: Any = None) -> Any:
+        if region < 0:
+            if values is None:
+                return self.lmem.read(addr, shape, strides, fmt)
+            return self.lmem.write(addr, shape, strides, fmt, values)
+        if values is None:
+            return self.gmem.read(region, addr, shape, strides, fmt)
+        return self.gmem.write(region, addr, shape, strides, fmt, values)
+
+    def tdma(self, f: dict[str, int]) -> None:
+        direction = f["trans_dir"]
+        src_global, dst_global = {0: (True, False), 1: (False, True), 2: (True, True), 3: (False, False)}[direction]
+        src_fmt = _TDMA_FMT.get(f["src_fmt"])
+        dst_fmt = _TDMA_FMT.get(f["dst_fmt"])
+        if f["compress_en"]:  # tpu-mlir compresses some bf16 weights; the VLC format is not documented
+            raise UnsupportedError("TDMA load of compressed (VLC) data is not simulated")
+        if src_fmt is None or dst_fmt is None or f["spec_func"] not in (0, 4):
+            raise UnsupportedError(f"TDMA mode spec_func={f['spec_func']} fmt={f['src_fmt']} is not simulated yet")
+        s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
+        src_region, src_addr = _tdma_addr(f, "src", src_global, self.chip)
+        dst_region, dst_addr = _tdma_addr(f, "dst", dst_global, self.chip)
+        src_cs = f["src_c_stride_low"] | (f["src_c_stride_high"] << 16)
+        dst_cs = f["dst_c_stride_low"] | (f["dst_c_stride_high"] << 16)
+        n = f["src_n"]
+        if f["sys_dtype"]:  # matrix mode: the global side is rows x cols with a row pitch in c_stride
+            self._tdma_matrix(f, (src_region, src_addr, src_cs), (dst_region, dst_addr, dst_cs), src_fmt, dst_fmt)
+            return
+        src_shape = (n, f["src_c"], f["src_h"], f["src_w"])
+        dst_shape = (n, f["dst_c"], f["dst_h"], f["dst_w"])
+        if f["spec_func"] == 4:
+            values = np.full(dst_shape, f["const_val"], np.int64)
+        else:
+            src_strides = (f["src_n_stride"], src_cs, f["src_h_stride"], s_esz)
+            values = self._access(src_region, src_addr, src_shape, src_strides, src_fmt)
+            values = _convert(values, src_fmt, dst_fmt)
+        if values.size != np.prod(dst_shape):
+            raise CorruptFileError(f"TDMA moves {src_shape} into {dst_shape}: element counts differ")
+        dst_strides = (f["dst_n_stride"], dst_cs, f["dst_h_stride"], d_esz)
+        self._access(dst_region, dst_addr, dst_shape, dst_strides, dst_fmt, values.reshape(dst_shape))
+
+    def _tdma_matrix(self, f: dict[str, int], src: tuple, dst: tuple, src_fmt: str, dst_fmt: str) -> None:
+        rows = f["src_n"]
+        s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
+        if f["trans_dir"] == 0:  # global rows x src_w -> local (rows, dst_c, 1, dst_w)
+            cols = f["src_w"]
+            mat = self.gmem.read(src[0], src[1], (rows, 1, 1, cols), (src[2], 0, 0, s_esz), src_fmt)
+            shape = (rows, f["dst_c"], 1, f["dst_w"])
+            strides = (f["dst_n_stride"], dst[2], f["dst_h_stride"], d_esz)
+            local = self.lmem.read(dst[1], shape, strides, dst_fmt).reshape(rows, -1)
+            local[:, :cols] = _convert(mat.reshape(rows, cols), src_fmt, dst_fmt)
+            self.lmem.write(dst[1], shape, strides, dst_fmt, local)
+        elif f["trans_dir"] == 1:  # local (rows, src_c, 1, src_w) -> global rows x dst_w
+            cols = f["dst_w"]
+            shape = (rows, f["src_c"], 1, f["src_w"])
+            strides = (f["src_n_stride"], src[2], f["src_h_stride"], s_esz)
+            local = self.lmem.read(src[1], shape, strides, src_fmt).reshape(rows, -1)[:, :cols]
+            self.gmem.write(
+                dst[0],
+                dst[1],
+                (rows, 1, 1, cols),
+                (dst[2], 0, 0, d_esz),
+                dst_fmt,
+                _convert(local, src_fmt, dst_fmt),
+            )
+        else:
+            raise UnsupportedError(f"TDMA matrix mode with direction {f['trans_dir']} is not simulated yet")
+
+    def tiu(self, fields: dict[str, int]) -> None:
+        op = tiu_op_name(fields)
+        kernel = TIU_KERNELS.get(op)
+        if kernel is None:
+            raise UnsupportedError(f"TIU operation {op} is not simulated yet")
+        kernel(TiuContext(fields, self.lmem, self.chip))
+
+    def run_cmdbuf(self, data: bytes, where: str) -> None:
+        for ins in split_cmdbuf(data, self.chip, where):
+            if ins.engine == isa.ENGINE_CPU:
+                raise UnsupportedError(f"{where}: CPU descriptors inside a cmdbuf are not simulated")
+            try:
+                (self.tiu if ins.engine == isa.ENGINE_TIU else self.tdma)(ins.fields)
+            except ValueError as exc:  # numpy's verdict on operand shapes that do not fit together
+                raise CorruptFileError(
+                    f"{where}: {ins.engine_name} descriptor at byte {ins.offset} has inconsistent shapes ({exc})"
+                ) from exc
+
+
+# ---- CPU routines ---------------------------------------------------------------------------------------
+
+
+def cpu_quant(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type) -> np.ndarray:
+    """Built-in `quant`: float -> int8 as round-half-away-from-zero(x * scale), saturated."""
+    if (args.get("from"), args.get("to")) != ("FP32", "INT8"):
+        raise UnsupportedError(f"CPU quant from {args.get('from')} to {args.get('to')} is not simulated")
+    x = inputs[0].astype(np.float32) * np.float32(args["scale"])
+    rounded = np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+    return np.clip(rounded, -128, 127).astype(out_dtype)
+
+
+CPU_FUNCTIONS: dict[str, Callable[[dict[str, Any], list[np.ndarray], type], np.ndarray]] = {"quant": cpu_quant}
+
+
+# ---- whole model ----------------------------------------------------------------------------------------
+
+
+def load_program(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> Machine:
+    """A machine with the program's gmem regions allocated, weights loaded and inputs written."""
+    prog = model.body.programs[program]
+    regions = {0: np.zeros(prog.shared_gmem, np.uint8), 1: np.frombuffer(model.weight, np.uint8).copy()}
+    regions[2] = np.zeros(prog.private_gmem, np.uint8)
+    for t in prog.tensor_map:
+        region = t.offset >> REGION_BITS
+        if region >= 3:
+            need = (t.offset & ((1 << REGION_BITS) - 1)) + t.size
+            regions[region] = np.zeros(max(need, len(regions.get(region, ()))), np.uint8)
+    machine = Machine(CHIPS[model.chip], GlobalMemory(regions))
+    tensors = {t.name: t for t in prog.tensor_map}
+    for name in prog.input_tensors:
+        if name not in inputs:
+            raise UserError(f"missing input {name!r}; the model expects {', '.join(prog.input_tensors)}")
+        view = tensor_view(machine.gmem, tensors[name])
+        view[:] = np.asarray(inputs[name]).astype(view.dtype).reshape(-1)[: view.size]
+    return machine
+
+
+def tensor_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
+    """The bytes of a tensor_map entry in simulated gmem, as a flat array of its dtype."""
+    region, local = t.offset >> REGION_BITS, t.offset & ((1 << REGION_BITS) - 1)
+    mem = gmem.regions[region]
+    if local + t.size > len(mem):
+        raise UserError(f"tensor {t.name!r} ({t.size} bytes at {local:#x}) exceeds gmem region {region}")
+    return mem[local : local + t.size].view(DTYPES[t.dtype])
+
+
+def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> dict[str, np.ndarray]:
+    """Run one program on the given inputs (float32 for fp32 tensors); returns the outputs by name."""
+    prog = model.body.programs[program]
+    tensors = {t.name: t for t in prog.tensor_map}
+    machine = load_program(model, inputs, program)
+    routine_types = model_schema().enums["RoutineType"].values
+    for i, r in enumerate(prog.routines):
+        if r.type == routine_types["TPU"]:
+            sec = r.tpu_routine.cmdbuf_section
+            machine.run_cmdbuf(model.sections[sec], f"routine {i} ({sec})")
+            continue
+        fn = CPU_FUNCTIONS.get(r.cpu_routine.function_section)
+        if fn is None:
+            raise UnsupportedError(f"CPU function {r.cpu_routine.function_section!r} is not simulated")
+        args = decode_cpu_args(r.cpu_routine.function_args)
+        ins = [tensor_view(machine.gmem, tensors[n]) for n in r.in_tensors]
+        out = tensor_view(machine.gmem, tensors[r.out_tensors[0]])
+        out[:] = fn(args, ins, out.dtype).reshape(-1)
+    return {
+        name: tensor_view(machine.gmem, tensors[name]).copy().reshape(tensors[name].shape.dim[:4])
+        for name in prog.output_tensors
+    }

@@ -1,0 +1,323 @@
+"""TIU (tensor unit) operations of the CV18xx simulator, one numpy kernel per opcode, keyed in TIU_KERNELS.
+
+Arithmetic follows specs/cv18xx.md §3.4 and §4: int8 per-channel "QDM" requantization (TFLite
+SaturatingRoundingDoublingHighMul + RoundingDivideByPOT), per-tensor multiply/accumulate with a right
+shift, and bf16 as rounded-to-nearest-even fp32 upper halves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from npuc.backends.cv18xx.chips import ChipSpec
+from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
+from npuc.compiler.errors import UnsupportedError
+from numpy.lib.stride_tricks import sliding_window_view
+
+# cv183x spells some fields differently; the kernels use the cv182x names.
+_CV183X_ALIASES = {
+    "opt_right_shift": "opt_res_shift",
+    "opt_relu": "opt_relu_typ",
+    "opt_res0_int8": "opt_res0_seg",
+    "opt_opd0_int8": "opt_opd0_seg",
+    "opt_opd1_int8": "opt_opd1_seg",
+    "opt_opd2_int8": "opt_opd2_seg",
+}
+
+
+def normalize_tiu_fields(fields: dict[str, int]) -> dict[str, int]:
+    return {_CV183X_ALIASES.get(k, k): v for k, v in fields.items()}
+
+
+# ---- number formats -------------------------------------------------------------------------------------
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even; NaN -> 0x7FC0; overflow to +-Inf is clamped to 0x7F7F (sign dropped)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded = np.where((rounded & 0x7F80) == 0x7F80, np.uint16(0x7F7F), rounded)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
+
+
+def saturating_rounding_doubling_high_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a64, b64 = a.astype(np.int64), np.asarray(b, np.int64)
+    ab = a64 * b64
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    num = ab + nudge
+    q = np.abs(num) >> 31
+    out = np.where(num < 0, -q, q)  # C division truncates toward zero
+    overflow = (a64 == -(1 << 31)) & (b64 == -(1 << 31))
+    return np.where(overflow, (1 << 31) - 1, out)
+
+
+def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
+    exponent = np.asarray(exponent, np.int64)
+    mask = (np.int64(1) << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> exponent) + (remainder > threshold)
+
+
+def qdm(acc: np.ndarray, multiplier: np.ndarray, rshift: np.ndarray) -> np.ndarray:
+    return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(acc, multiplier), rshift)
+
+
+def round_shift(x: np.ndarray, rshift: int) -> np.ndarray:
+    """Per-tensor right shift that rounds half up (the reset `opt_rshift_typ`=1 mode)."""
+    x = x.astype(np.int64)
+    return (x + (1 << (rshift - 1))) >> rshift if rshift > 0 else x
+
+
+def saturate(x: np.ndarray, relu: bool, bits: int = 8) -> np.ndarray:
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return np.clip(np.maximum(x, 0) if relu else x, lo, hi)
+
+
+# ---- operands ------------------------------------------------------------------------------------------
+
+
+class TiuContext:
+    """Reads and writes the operands of one TIU descriptor."""
+
+    def __init__(self, fields: dict[str, int], lmem: LocalMemory, chip: ChipSpec) -> None:
+        self.f = normalize_tiu_fields(fields)
+        self.lmem = lmem
+        self.chip = chip
+        self.bf16 = bool(self.f["opd_typ"])
+        self.esz = 2 if self.bf16 else 1
+
+    def shape(self, p: str) -> Shape:
+        return tuple(self.f[f"{p}_{d}"] for d in "nchw")  # type: ignore[return-value]
+
+    def strides(self, p: str, shape: Shape | None = None) -> Strides:
+        shape = shape or self.shape(p)
+        if self.f[f"short_{p}_str"] == 3:
+            return tuple(self.f[f"{p}_{d}_str"] for d in "nchw")  # type: ignore[return-value]
+        return default_strides(shape, self.esz, self.chip.lanes, self.chip.eu_bytes)
+
+    def fmt(self, p: str) -> str:
+        return "bf16" if self.bf16 else ("i8" if self.f.get(f"opt_{p}_sign", 1) else "u8")
+
+    def read(self, p: str, shape: Shape | None = None) -> np.ndarray:
+        shape = shape or self.shape(p)
+        v = self.lmem.read(self.f[f"{p}_addr"], shape, self.strides(p, shape), self.fmt(p))
+        return bf16_to_f32(v) if self.bf16 else v.astype(np.int64)
+
+    def const(self, p: str) -> np.ndarray:
+        raw = self.f[f"{p}_addr"]
+        if self.bf16:
+            return bf16_to_f32(np.array(raw, np.uint16))
+        return np.int64(raw - 256 if self.f.get(f"opt_{p}_sign", 0) and raw & 0x80 else raw & 0xFF)
+
+    def operand(self, p: str) -> np.ndarray:
+        return self.const(p) if self.f[f"opt_{p}_const"] else self.read(p)
+
+    def write_res(self, values: np.ndarray, shape: Shape | None = None) -> None:
+        shape = shape or self.shape("res0")
+        strides = self.strides("res0", shape)
+        if self.bf16:
+            self.lmem.write(self.f["res0_addr"], shape, strides, "bf16", f32_to_bf16(values))
+        elif self.f["opt_res0_seg"] == 0:  # 16-bit result as a low byte plane and a high byte plane
+            v = values.astype(np.int64) & 0xFFFF
+            self.lmem.write(self.f["res0_addr"], shape, strides, "u8", v & 0xFF)
+            self.lmem.write(self.f["res0_addr"] + self.f["res0_b_str"], shape, strides, "u8", v >> 8)
+        else:
+            self.lmem.write(self.f["res0_addr"], shape, strides, self.fmt("res0"), values)
+
+    def read_res16(self) -> np.ndarray:
+        shape, strides = self.shape("res0"), self.strides("res0")
+        lo = self.lmem.read(self.f["res0_addr"], shape, strides, "u8").astype(np.int64)
+        hi = self.lmem.read(self.f["res0_addr"] + self.f["res0_b_str"], shape, strides, "i8").astype(np.int64)
+        return hi * 256 + lo
+
+    def channel_params(self, oc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-channel (bias, multiplier, shift) records at opd2: 9 bytes each, 5 without a bias."""
+        rec = 9 if self.f["tsk_opd_num"] == 3 else 5
+        raw = self.lmem.read(self.f["opd2_addr"], (1, oc, 1, rec), (0, rec, 0, 1), "u8").reshape(oc, rec)
+        words = raw[:, : rec - 1].copy().view("<u4").astype(np.int64)
+        bias = words[:, 0].astype(np.int32).astype(np.int64) if rec == 9 else np.zeros(oc, np.int64)
+        return bias, words[:, -1], raw[:, -1].astype(np.int64)
+
+
+# ---- kernels --------------------------------------------------------------------------------------------
+
+
+def _windows(ctx: TiuContext, x: np.ndarray, kh: int, kw: int, pad_value: float) -> np.ndarray:
+    """(n, c, oh, ow, kh, kw) input windows after padding, dilation and stride."""
+    f = ctx.f
+    if f["conv_opd0_x_ins0"] or f["conv_opd0_y_ins0"]:
+        raise UnsupportedError("TIU input insertion (deconvolution) is not simulated")
+    pads = (
+        (0, 0),
+        (0, 0),
+        (f["conv_opd0_up_pad"], f["conv_opd0_dn_pad"]),
+        (f["conv_opd0_lf_pad"], f["conv_opd0_rt_pad"]),
+    )
+    xp = np.pad(x, pads, constant_values=pad_value)
+    dh, dw = f["conv_opd1_y_ins0"] + 1, f["conv_opd1_x_ins0"] + 1
+    win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))[..., ::dh, ::dw]
+    _, _, oh, ow = ctx.shape("res0")
+    return win[:, :, :: f["conv_op_y_str"], :: f["conv_op_x_str"]][:, :, :oh, :ow]
+
+
+def _bf16_bias(ctx: TiuContext, oc: int) -> np.ndarray:
+    """fp32 bias of a bf16 conv: a high-16 plane and a low-16 plane, opd2_b_str bytes apart."""
+    f = ctx.f
+    strides = default_strides((1, oc, 1, 1), 2, ctx.chip.lanes, ctx.chip.eu_bytes, eu_align=False)
+    hi = ctx.lmem.read(f["opd2_addr"], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
+    lo = ctx.lmem.read(f["opd2_addr"] + f["opd2_b_str"], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
+    return ((hi << 16) | lo).view(np.float32).astype(np.float64)
+
+
+def _finish(ctx: TiuContext, acc: np.ndarray) -> None:
+    """Bias, requantization or bf16 rounding, ReLU, and the store of a conv/pool/depthwise result."""
+    f, oc = ctx.f, acc.shape[1]
+    relu = bool(f["opt_relu_typ"])
+    if ctx.bf16:
+        if f["tsk_opd_num"] == 3:
+            acc = acc + _bf16_bias(ctx, oc)
+        with np.errstate(over="ignore"):  # overflow becomes Inf, which f32_to_bf16 clamps
+            acc = acc.astype(np.float32)
+        ctx.write_res(np.maximum(acc, 0) if relu else acc)
+    elif f["opt_chl_quan"]:
+        bias, mult, shift = ctx.channel_params(oc)
+        idx = (None, slice(None), None, None)
+        ctx.write_res(saturate(qdm(acc + bias[idx], mult[idx], shift[idx]), relu))
+    else:
+        ctx.write_res(saturate(round_shift(acc, f["opt_res_shift"]), relu))
+
+
+def tiu_conv(ctx: TiuContext) -> None:
+    f = ctx.f
+    x = ctx.read("opd0")
+    ic, oc, kh, kw = ctx.shape("opd1")
+    e = ctx.esz  # weights are packed per output channel as [kh][kw][ic]
+    w = ctx.lmem.read(f["opd1_addr"], (1, oc, kh * kw, ic), (0, kh * kw * ic * e, ic * e, e), ctx.fmt("opd1"))
+    w = (bf16_to_f32(w).astype(np.float64) if ctx.bf16 else w.astype(np.int64)).reshape(oc, kh, kw, ic)
+    win = _windows(ctx, x.astype(np.float64) if ctx.bf16 else x, kh, kw, 0)
+    _finish(ctx, np.einsum("ncyxij,ocij->noyx", win, w.transpose(0, 3, 1, 2), optimize=True))
+
+
+def tiu_depthwise(ctx: TiuContext) -> None:
+    x = ctx.read("opd0")
+    n, c, kh, kw = ctx.shape("opd1")
+    w = ctx.operand("opd1")
+    win = _windows(ctx, x.astype(np.float64) if ctx.bf16 else x, kh, kw, 0)
+    _finish(ctx, (win * (w.reshape(1, c, 1, 1, kh, kw) if np.ndim(w) else w)).sum(axis=(4, 5)))
+
+
+def tiu_max_pool(ctx: TiuContext) -> None:
+    if ctx.bf16:  # cv183x keeps the bf16 pad value in its own field
+        pad = bf16_to_f32(np.array(ctx.f.get("opd0_ins_fp", ctx.f["opd0_ins_val"]), np.uint16))
+    else:
+        pad = ctx.f["opd0_ins_val"] - (0x10000 if ctx.f["opd0_ins_val"] & 0x8000 else 0)
+    win = _windows(ctx, ctx.read("opd0"), ctx.f["opd1_h"], ctx.f["opd1_w"], pad)
+    ctx.write_res(win.max(axis=(4, 5)))
+
+
+def tiu_avg_pool(ctx: TiuContext) -> None:
+    win = _windows(ctx, ctx.read("opd0"), ctx.f["opd1_h"], ctx.f["opd1_w"], 0)
+    _finish(ctx, win.sum(axis=(4, 5)) * ctx.const("opd1"))
+
+
+def tiu_mul(ctx: TiuContext) -> None:
+    prod = ctx.read("opd0") * ctx.operand("opd1")
+    f = ctx.f
+    if ctx.bf16:
+        ctx.write_res(prod.astype(np.float32))
+    elif f["opt_chl_quan"]:
+        ctx.write_res(saturate(qdm(prod, f["quan_m"], f["opt_res_shift"]), bool(f["opt_relu_typ"])))
+    elif f["opt_res0_seg"] == 0:
+        ctx.write_res(saturate(round_shift(prod, f["opt_res_shift"]), bool(f["opt_relu_typ"]), 16))
+    else:
+        ctx.write_res(saturate(round_shift(prod, f["opt_res_shift"]), bool(f["opt_relu_typ"])))
+
+
+def tiu_mac(ctx: TiuContext) -> None:
+    f = ctx.f
+    if ctx.bf16:
+        prev = bf16_to_f32(ctx.lmem.read(f["res0_addr"], ctx.shape("res0"), ctx.strides("res0"), "bf16"))
+        acc = ctx.read("opd0") * ctx.operand("opd1") + (prev if f["opt_res_add"] else 0)
+        ctx.write_res(np.maximum(acc, 0) if f["opt_relu_typ"] else acc)
+        return
+    acc = ctx.read("opd0") * ctx.operand("opd1")
+    if f["opt_res_add"]:
+        acc = acc + (ctx.read_res16() << f["opt_left_shift"])
+    bits = 8 if f["opt_res0_seg"] else 16
+    ctx.write_res(saturate(round_shift(acc, f["opt_res_shift"]), bool(f["opt_relu_typ"]), bits))
+
+
+def _bitwise(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[TiuContext], None]:
+    def kernel(ctx: TiuContext) -> None:
+        ctx.write_res(op(ctx.read("opd0").astype(np.int64), np.asarray(ctx.operand("opd1"), np.int64)))
+
+    return kernel
+
+
+def tiu_copy(ctx: TiuContext) -> None:
+    ctx.write_res(ctx.read("opd0"))
+
+
+def _extreme(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[TiuContext], None]:
+    def kernel(ctx: TiuContext) -> None:
+        ctx.write_res(op(ctx.read("opd0"), ctx.operand("opd1")))
+
+    return kernel
+
+
+def tiu_matmul(ctx: TiuContext) -> None:
+    """res0[rows, cols] = opd0[rows, K] @ opd1[K, cols] (+ bias planes); matrices in the lmem matrix layout."""
+    f = ctx.f
+    if f["ps32_md"]:
+        raise UnsupportedError("partial-sum (ps32) matmul is not simulated yet")
+    rows, c0, _, w0 = ctx.shape("opd0")
+    k, c1, _, w1 = ctx.shape("opd1")
+    _, rc, _, rw = ctx.shape("res0")
+    left = ctx.read("opd0", (rows, c0, 1, w0)).reshape(rows, c0 * w0)[:, :k]
+    right = ctx.read("opd1", (k, c1, 1, w1)).reshape(k, c1 * w1)
+    acc = left.astype(np.float64) @ right if ctx.bf16 else left @ right
+    if ctx.bf16:
+        if f["tsk_opd_num"] == 3:  # fp32 bias as a high-16 row and a low-16 row
+            shape = (2, c1, 1, w1)
+            raw = ctx.lmem.read(f["opd2_addr"], shape, ctx.strides("opd2", shape), "bf16").reshape(2, -1)
+            acc = acc + ((raw[0].astype(np.uint32) << 16) | raw[1]).view(np.float32)
+        with np.errstate(over="ignore"):
+            out = acc.astype(np.float32)
+        ctx.write_res((np.maximum(out, 0) if f["opt_relu_typ"] else out)[:, : rc * rw], (rows, rc, 1, rw))
+        return
+    if f["tsk_opd_num"] == 3:
+        planes = 4 if f["opt_chl_quan"] else 2
+        raw = ctx.lmem.read(
+            f["opd2_addr"], (planes, c1, 1, w1), ctx.strides("opd2", (planes, c1, 1, w1)), "u8"
+        ).reshape(planes, c1 * w1)
+        bias = sum(raw[p].astype(np.int64) << (8 * p) for p in range(planes))
+        acc = acc + bias.astype(np.int32 if planes == 4 else np.int16).astype(np.int64)
+    relu = bool(f["opt_relu_typ"])
+    if f["opt_chl_quan"]:
+        out = saturate(qdm(acc, f["quan_m"], f["opt_res_shift"]), relu)
+    else:
+        out = saturate(round_shift(acc, f["opt_res_shift"]), relu)
+    ctx.write_res(out[:, : rc * rw].reshape(rows, rc, 1, rw), (rows, rc, 1, rw))
+
+
+TIU_KERNELS: dict[str, Callable[[TiuContext], None]] = {
+    "conv": tiu_conv,
+    "depthwise": tiu_depthwise,
+    "max_pool": tiu_max_pool,
+    "avg_pool": tiu_avg_pool,
+    "matmul": tiu_matmul,
+    "mul": tiu_mul,
+    "mac": tiu_mac,
+    "and": _bitwise(np.bitwise_and),
+    "or": _bitwise(np.bitwise_or),
+    "xor": _bitwise(np.bitwise_xor),
+    "copy": tiu_copy,
+    "max": _extreme(np.maximum),
+    "min": _extreme(np.minimum),
+}

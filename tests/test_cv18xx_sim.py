@@ -1,0 +1,105 @@
+"""CV18xx simulator: tpu-mlir's int8 cvimodels run from their bytes reproduce the vendor simulator bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from npuc.backends.cv18xx.container import read_cvimodel
+from npuc.backends.cv18xx.sim import cpu_quant, load_program, run_cvimodel, tensor_view
+from npuc.backends.cv18xx.sim_tiu import (
+    bf16_to_f32,
+    f32_to_bf16,
+    qdm,
+    round_shift,
+    saturating_rounding_doubling_high_mul,
+)
+from npuc.compiler.errors import UnsupportedError
+
+GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+INT8_STEMS = ["smallcnn_cv183x_int8", "smallcnn_cv182x_int8", "smallcnn_cv181x_int8", "smallcnn_cv180x_int8"]
+
+
+@pytest.fixture(scope="module")
+def vendor_outputs() -> dict[str, np.ndarray]:
+    with np.load(GOLDEN / "smallcnn_vendor_sim_outputs.npz") as d:
+        return {k: d[k] for k in d.files}
+
+
+@pytest.fixture(scope="module")
+def model_input() -> np.ndarray:
+    with np.load(GOLDEN / "smallcnn_in.npz") as d:
+        return d["input"]
+
+
+@pytest.mark.parametrize("stem", INT8_STEMS)
+def test_int8_golden_matches_vendor_simulator_bit_exactly(
+    stem: str, vendor_outputs: dict[str, np.ndarray], model_input: np.ndarray
+) -> None:
+    out = run_cvimodel(read_cvimodel(GOLDEN / f"{stem}.cvimodel"), {"input": model_input})
+    assert list(out) == ["output_Gemm_f32"]
+    got, want = out["output_Gemm_f32"], vendor_outputs[stem]
+    assert got.shape == (1, 10, 1, 1) and got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # the int8 logits times the bf16 output scale 3/256
+    assert (want.ravel() * 256 / 3).round().astype(int).tolist() == [
+        78,
+        -29,
+        -12,
+        14,
+        46,
+        -48,
+        59,
+        69,
+        -122,
+        39,
+    ]
+
+
+def test_bf16_models_report_unsupported(model_input: np.ndarray) -> None:
+    model = read_cvimodel(GOLDEN / "smallcnn_cv183x_bf16.cvimodel")
+    with pytest.raises(UnsupportedError, match="compressed"):
+        run_cvimodel(model, {"input": model_input})
+
+
+def test_cpu_quant_rounds_half_away_from_zero() -> None:
+    x = np.array([0.5, -0.5, 1.5, -1.5, 2.49, 200.0, -200.0, 0.0], np.float32)
+    got = cpu_quant({"from": "FP32", "to": "INT8", "scale": 1.0}, [x], np.int8)
+    assert got.tolist() == [1, -1, 2, -2, 2, 127, -128, 0]
+
+
+def test_fixed_point_helpers() -> None:
+    acc = np.array([1000, -1000, 12345, -(1 << 31), 7], np.int64)
+    # (2 * acc * m + nudge) >> 32 with m = 2^30 is acc / 2 rounded half away from zero
+    assert saturating_rounding_doubling_high_mul(acc, 1 << 30).tolist() == [500, -500, 6173, -(1 << 30), 4]
+    assert saturating_rounding_doubling_high_mul(np.array([-(1 << 31)]), -(1 << 31)).tolist() == [(1 << 31) - 1]
+    assert qdm(np.array([100, -100, 101, -101]), 1 << 30, 2).tolist() == [13, -13, 13, -13]
+    assert round_shift(np.array([5, -5, 6, -6, 7]), 1).tolist() == [3, -2, 3, -3, 4]
+
+
+def test_bf16_rounding() -> None:
+    values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.nan, 3.4e38, -3.4e38], np.float32)
+    assert f32_to_bf16(values).tolist() == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7FC0, 0x7F7F, 0x7F7F]
+
+
+@pytest.mark.parametrize("stem", ["smallcnn_cv183x_bf16", "smallcnn_cv181x_bf16"])
+def test_bf16_runs_up_to_the_compressed_fc_weights(stem: str, model_input: np.ndarray) -> None:
+    """The bf16 conv/pool/eltwise kernels run to the global average pool, which tracks the float model."""
+    import onnx
+    import onnxruntime as ort
+
+    onnx_model = onnx.load(GOLDEN / "smallcnn.onnx")
+    onnx_model.graph.output.append(onnx.helper.make_tensor_value_info("gap_39", onnx.TensorProto.FLOAT, None))
+    session = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    gap_ref = session.run(["gap_39"], {"input": model_input})[0].ravel()
+
+    model = read_cvimodel(GOLDEN / f"{stem}.cvimodel")
+    machine = load_program(model, {"input": model_input})
+    with pytest.raises(UnsupportedError, match="compressed"):
+        machine.run_cmdbuf(model.sections["subfunc_0"], stem)
+    gap_t = next(t for t in model.body.programs[0].tensor_map if t.name == "gap_39_GlobalAveragePool")
+    gap = bf16_to_f32(tensor_view(machine.gmem, gap_t)).ravel()
+    assert gap.shape == (32,)
+    assert np.abs(gap - gap_ref).max() < 0.02 * np.abs(gap_ref).max()
+    assert np.corrcoef(gap, gap_ref)[0, 1] > 0.999
