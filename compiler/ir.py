@@ -95,9 +95,7 @@ class Graph:
             i += 1
         return f"{base}_{i}"
 
-    def add_op(
-        self, kind: str, inputs: list[str], outputs: list[str], attrs: Any = None, name: str = ""
-    ) -> Op:
+    def add_op(self, kind: str, inputs: list[str], outputs: list[str], attrs: Any = None, name: str = "") -> Op:
         """Append an op, inferring (and creating) its output tensors from the op's shape rule."""
         from .ops import infer_op
 
@@ -166,9 +164,7 @@ class Graph:
                 if not name:
                     continue
                 if name not in self.tensors:
-                    raise UserError(
-                        f"op '{op.name}' ({op.kind}) reads '{name}', which no op or input defines"
-                    )
+                    raise UserError(f"op '{op.name}' ({op.kind}) reads '{name}', which no op or input defines")
                 if name not in defined:
                     if name in produced:
                         raise UserError(

@@ -258,9 +258,7 @@ def _infer_conv_transpose(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [(n, ocg * a.group, dims[0], dims[1])]
 
 
-def pool_out_size(
-    size: int, k: int, stride: int, dilation: int, pad_begin: int, pad_end: int, ceil: bool
-) -> int:
+def pool_out_size(size: int, k: int, stride: int, dilation: int, pad_begin: int, pad_end: int, ceil: bool) -> int:
     span = size + pad_begin + pad_end - dilation * (k - 1) - 1
     out = -(-span // stride) + 1 if ceil else span // stride + 1
     # in ceil mode the last window must start inside the input or the leading padding

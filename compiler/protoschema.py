@@ -381,18 +381,12 @@ class _Parser:
             if value.kind != "number":
                 raise self.error(f"default of a {type_name} field must be an integer", value)
             try:
-                return str(
-                    int(value.text, 0) if not re.fullmatch(r"-?0\d+", value.text) else int(value.text, 8)
-                )
+                return str(int(value.text, 0) if not re.fullmatch(r"-?0\d+", value.text) else int(value.text, 8))
             except ValueError:
                 raise self.error(f"default of a {type_name} field must be an integer", value) from None
         if type_name in ("float", "double"):
             if value.kind == "number" or value.text.lstrip("-") in ("inf", "nan"):
-                return (
-                    value.text
-                    if not value.text.lower().startswith(("0x", "-0x"))
-                    else str(int(value.text, 0))
-                )
+                return value.text if not value.text.lower().startswith(("0x", "-0x")) else str(int(value.text, 0))
             raise self.error(f"default of a {type_name} field must be a number", value)
         if value.kind != "ident":
             raise self.error("default of an enum field must be one of its value names", value)
@@ -461,9 +455,7 @@ def parse_proto(
     return fdp
 
 
-def build_namespace(
-    files: list[descriptor_pb2.FileDescriptorProto], source: str = "<proto>"
-) -> types.SimpleNamespace:
+def build_namespace(files: list[descriptor_pb2.FileDescriptorProto], source: str = "<proto>") -> types.SimpleNamespace:
     """Add files (dependencies first) to a fresh pool; return the last file's classes and enums.
 
     The namespace mirrors a generated `_pb2` module: top-level messages and enums as attributes, nested

@@ -273,17 +273,13 @@ def import_model(
     try:
         model_copy = onnx.shape_inference.infer_shapes(model_copy, data_prop=True)
     except Exception as exc:  # onnx raises several types for inconsistent models
-        raise UserError(
-            f"shape inference failed: {_short(exc)}; check --input-shape against the model"
-        ) from None
+        raise UserError(f"shape inference failed: {_short(exc)}; check --input-shape against the model") from None
     simplified = simplify(model_copy)
     check_supported(simplified)
     return convert(simplified)
 
 
-def import_onnx(
-    path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None
-) -> Graph:
+def import_onnx(path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None) -> Graph:
     """ONNX file → verified IR graph."""
     graph = import_model(load_model(path), input_shapes, notes)
     if graph.name == "model":

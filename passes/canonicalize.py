@@ -17,6 +17,22 @@ from npuc.compiler.ir import Graph, Op
 Rewrite = Callable[[Graph], int]
 REWRITES: dict[str, Rewrite] = {}
 
+# Order matters: patterns are recognised before activations fuse into their producers (a fused
+# clip would hide the hard-swish spelled as Add/Clip/Mul/Div), and scale folds run before fusion.
+PIPELINE = (
+    "fold_constants",
+    "absorb_nhwc_input_transpose",
+    "drop_noop_reshape",
+    "recognize_gelu",
+    "recognize_hard_sigmoid",
+    "recognize_hard_swish",
+    "recognize_hard_swish_product",
+    "fold_bias_add",
+    "fold_batchnorm",
+    "fold_pad",
+    "fuse_activation",
+)
+
 
 def rewrite(name: str) -> Callable[[Rewrite], Rewrite]:
     def register(fn: Rewrite) -> Rewrite:
@@ -28,11 +44,11 @@ def rewrite(name: str) -> Callable[[Rewrite], Rewrite]:
 
 def canonicalize(graph: Graph) -> dict[str, int]:
     """Run every rewrite until nothing changes; returns how often each one fired."""
-    counts = dict.fromkeys(REWRITES, 0)
+    counts = dict.fromkeys(PIPELINE, 0)
     for _ in range(8):
         changed = 0
-        for name, fn in REWRITES.items():
-            n = fn(graph)
+        for name in PIPELINE:
+            n = REWRITES[name](graph)
             counts[name] += n
             changed += n
         graph.prune()
@@ -157,9 +173,7 @@ def fold_batchnorm(graph: Graph) -> int:
             continue
         if _sole_user(graph, prev.outputs[0]) is not op or op.attrs.axis != 1:
             continue
-        if graph.const(prev.inputs[1]) is None or (
-            len(prev.inputs) > 2 and graph.const(prev.inputs[2]) is None
-        ):
+        if graph.const(prev.inputs[1]) is None or (len(prev.inputs) > 2 and graph.const(prev.inputs[2]) is None):
             continue
         if len(prev.inputs) > 2 and graph.const(prev.inputs[2]).size not in (
             1,
@@ -180,9 +194,7 @@ def _fold_scale_into(graph: Graph, op: Op, scale: np.ndarray, bias: np.ndarray) 
     if op.kind == "conv2d":
         weight = weight * scale.reshape(-1, 1, 1, 1)
     else:  # gemm: output column j scales column j of op(B); fold alpha and beta in
-        weight = (
-            weight * (scale.reshape(-1, 1) if op.attrs.trans_b else scale.reshape(1, -1)) * op.attrs.alpha
-        )
+        weight = weight * (scale.reshape(-1, 1) if op.attrs.trans_b else scale.reshape(1, -1)) * op.attrs.alpha
         old_bias = np.broadcast_to(old_bias.reshape(-1) * op.attrs.beta, (n_out,))
         op.attrs.alpha, op.attrs.beta = 1.0, 1.0
     dtype = graph.tensors[op.inputs[1]].dtype
@@ -264,11 +276,7 @@ def recognize_hard_sigmoid(graph: Graph) -> int:
         if clip is None or clip.kind != "activation" or clip.attrs.act.kind != "clip":
             continue
         act = clip.attrs.act
-        if (
-            act.lo != 0.0
-            or not math.isclose(act.hi, divisor, rel_tol=1e-6)
-            or _sole_user(graph, clipped) is not op
-        ):
+        if act.lo != 0.0 or not math.isclose(act.hi, divisor, rel_tol=1e-6) or _sole_user(graph, clipped) is not op:
             continue
         add = producers.get(clip.inputs[0])
         shifted = _eltwise_with_const(graph, add, "add")
@@ -290,7 +298,11 @@ def _is_hard_sigmoid_of(graph: Graph, producers: dict[str, Op], name: str, x: st
     if op is None or op.kind != "activation" or op.inputs[0] != x:
         return False
     act = op.attrs.act
-    return act.kind == "hard_sigmoid" and math.isclose(act.alpha, 1 / 6, rel_tol=1e-5) and act.beta == 0.5
+    return (
+        act.kind == "hard_sigmoid"
+        and math.isclose(act.alpha, 1 / 6, rel_tol=1e-5)
+        and math.isclose(act.beta, 0.5, rel_tol=1e-5)
+    )
 
 
 @rewrite("recognize_hard_swish")
@@ -362,6 +374,79 @@ def recognize_gelu(graph: Graph) -> int:
         if first in graph.ops:
             graph.remove_op(first)
         fired += 1
+    return fired
+
+
+@rewrite("recognize_hard_swish_product")
+def recognize_hard_swish_product(graph: Graph) -> int:
+    """x * clip(x + 3, 0, 6) / 6 (Paddle's export of hard-swish) is hard_swish(x)."""
+    fired = 0
+    producers = graph.producers()
+    for op in list(graph.ops):
+        scaled = _eltwise_with_const(graph, op, "div") or _eltwise_with_const(graph, op, "mul")
+        if scaled is None or op not in graph.ops:
+            continue
+        product, k = scaled
+        divisor = k if op.attrs.kind == "div" else (1.0 / k if k else 0.0)
+        mul = producers.get(product)
+        if mul is None or mul.kind != "eltwise" or mul.attrs.kind != "mul" or mul.attrs.act or len(mul.inputs) != 2:
+            continue
+        for x, clipped in (mul.inputs, mul.inputs[::-1]):
+            clip = producers.get(clipped)
+            if clip is None or clip.kind != "activation" or clip.attrs.act.kind != "clip":
+                continue
+            shifted = _eltwise_with_const(graph, producers.get(clip.inputs[0]), "add")
+            act = clip.attrs.act
+            if shifted is None or shifted[0] != x or act.lo != 0.0 or not math.isclose(act.hi, divisor, rel_tol=1e-6):
+                continue
+            if not (math.isclose(divisor, 6.0, rel_tol=1e-6) and math.isclose(shifted[1], 3.0, rel_tol=1e-6)):
+                continue
+            chain = [producers[clip.inputs[0]], clip, mul]
+            if any(_sole_user(graph, c.outputs[0]) is None for c in chain):
+                continue
+            for c in chain:
+                graph.remove_op(c)
+            _replace_with_activation(graph, op, op, x, ops.Activation("hard_swish"))
+            producers = graph.producers()
+            fired += 1
+            break
+    return fired
+
+
+@rewrite("fold_bias_add")
+def fold_bias_add(graph: Graph) -> int:
+    """conv/gemm followed by Add of a per-channel constant (a bias exported separately) folds into the bias."""
+    fired = 0
+    producers = graph.producers()
+    for op in graph.iter_ops("eltwise"):
+        if op.attrs.kind != "add" or op.attrs.act or len(op.inputs) != 2:
+            continue
+        for x, c in (op.inputs, op.inputs[::-1]):
+            prev, const = producers.get(x), graph.const(c)
+            if prev is None or const is None or prev.kind not in ("conv2d", "gemm") or prev.attrs.act:
+                continue
+            out_shape = graph.shape(prev.outputs[0])
+            channels = out_shape[1]
+            if const.size != channels or graph.shape(op.outputs[0]) != out_shape or _sole_user(graph, x) is not op:
+                continue
+            if const.ndim > 1 and const.shape[-len(out_shape) + 1 :] != (channels,) + (1,) * (len(out_shape) - 2):
+                continue
+            if prev.kind == "gemm" and (len(prev.inputs) > 2 and graph.const(prev.inputs[2]) is None):
+                continue
+            if len(prev.inputs) > 2 and graph.const(prev.inputs[2]) is None:
+                continue
+            old = graph.const(prev.inputs[2]) if len(prev.inputs) > 2 else np.zeros(channels, const.dtype)
+            if prev.kind == "gemm":
+                old = np.broadcast_to(old.reshape(-1) * prev.attrs.beta, (channels,))
+                prev.attrs.beta = 1.0
+            name = graph.unique_name(f"{prev.name}_bias_folded")
+            graph.add_const(name, (old.reshape(-1) + const.reshape(-1)).astype(graph.tensors[x].dtype))
+            prev.inputs = [prev.inputs[0], prev.inputs[1], name]
+            graph.remove_op(op)
+            prev.outputs = [op.outputs[0]]
+            producers = graph.producers()
+            fired += 1
+            break
     return fired
 
 

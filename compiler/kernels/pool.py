@@ -29,10 +29,7 @@ def pool2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         )
     ]
     # ceil_mode windows may run past the end padding: extend (or trim) the end so exactly out_hw fit
-    need = [
-        (o - 1) * s + d * (k - 1) + 1
-        for o, s, d, k in zip(out_hw, a.strides, a.dilations, a.kernel, strict=True)
-    ]
+    need = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(out_hw, a.strides, a.dilations, a.kernel, strict=True)]
     extra = (need[0] - (h + top + bottom), need[1] - (w + left + right))
     full = (top, left, bottom + extra[0], right + extra[1])
 

@@ -18,9 +18,7 @@ from ..ops import Resize
 from .registry import float_kernel
 
 
-def _half_pixel(
-    y: np.ndarray, scale: np.float32, n_in: int, n_out: int, roi: tuple[float, float]
-) -> np.ndarray:
+def _half_pixel(y: np.ndarray, scale: np.float32, n_in: int, n_out: int, roi: tuple[float, float]) -> np.ndarray:
     return (y + 0.5) / scale - 0.5
 
 
@@ -141,9 +139,7 @@ def resize(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         raise UserError(f"op '{op.name}' (resize): unsupported mode {a.mode!r} / {a.coord_mode!r}")
     compute = x.dtype if np.issubdtype(x.dtype, np.floating) else np.dtype(np.float32)
     y = x.astype(compute, copy=False)
-    scales = (
-        a.scales if len(a.scales) == rank else tuple(o / i for o, i in zip(a.out_shape, x.shape, strict=True))
-    )
+    scales = a.scales if len(a.scales) == rank else tuple(o / i for o, i in zip(a.out_shape, x.shape, strict=True))
     roi = a.roi if len(a.roi) == 2 * rank else (0.0,) * rank + (1.0,) * rank
     for axis in range(rank):
         n_in, n_out, scale = x.shape[axis], int(a.out_shape[axis]), float(scales[axis])

@@ -18,9 +18,7 @@ def numpy_dtype(name: str) -> np.dtype:
 
         kind = getattr(ml_dtypes, name, None)
         if kind is None:
-            raise UserError(
-                f"unknown tensor dtype '{name}'; use a numpy dtype name such as float32"
-            ) from None
+            raise UserError(f"unknown tensor dtype '{name}'; use a numpy dtype name such as float32") from None
         return np.dtype(kind)
 
 
@@ -72,9 +70,7 @@ def pad(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         y = np.pad(x, width, mode="constant", constant_values=np.asarray(a.value).astype(x.dtype))
     else:
         y = np.pad(x, width, mode=mode)
-    crop = tuple(
-        slice(int(max(-b, 0)), int(n - max(-e, 0))) for b, e, n in zip(begins, ends, y.shape, strict=True)
-    )
+    crop = tuple(slice(int(max(-b, 0)), int(n - max(-e, 0))) for b, e, n in zip(begins, ends, y.shape, strict=True))
     return [y[crop].copy()]
 
 

@@ -47,9 +47,7 @@ def _pads_2d(pads: list[int]) -> tuple[int, int, int, int]:
 
 def _check_spatial(ctx: ConvertContext, spatial: int) -> None:
     if spatial not in (1, 2):
-        raise ctx.unsupported(
-            f"{spatial}-D windows are not supported", "NPU targets compute 1-D and 2-D windows only"
-        )
+        raise ctx.unsupported(f"{spatial}-D windows are not supported", "NPU targets compute 1-D and 2-D windows only")
 
 
 def _lift_1d(ctx: ConvertContext, name: str) -> str:
@@ -109,9 +107,7 @@ def conv_transpose(ctx: ConvertContext) -> None:
     if output_shape is not None:
         output_shape = list(output_shape)[-n:]
         begins, ends = [], []
-        for size, k, s, d, op_, want in zip(
-            ctx.shape(0)[2:], kernel, strides, dilations, out_pad, output_shape
-        ):
+        for size, k, s, d, op_, want in zip(ctx.shape(0)[2:], kernel, strides, dilations, out_pad, output_shape):
             total = s * (size - 1) + op_ + (k - 1) * d + 1 - want
             small, large = total // 2, total - total // 2
             begins.append(small if auto_pad == "SAME_UPPER" else large)
@@ -194,9 +190,7 @@ def matmul(ctx: ConvertContext) -> None:
 @converter("BatchNormalization", 7, const_inputs=(1, 2, 3, 4))
 def batch_normalization(ctx: ConvertContext) -> None:
     if ctx.attr("training_mode", 0) or len([o for o in ctx.node.output if o]) > 1:
-        raise ctx.unsupported(
-            "training-mode BatchNormalization is not supported", "export the model in eval mode"
-        )
+        raise ctx.unsupported("training-mode BatchNormalization is not supported", "export the model in eval mode")
     scale, bias, mean, var = (ctx.const(i).astype(np.float64) for i in (1, 2, 3, 4))
     factor = scale / np.sqrt(var + float(ctx.attr("epsilon", 1e-5)))
     dtype = ctx.graph.tensors[ctx.input(0)].dtype

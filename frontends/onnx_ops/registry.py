@@ -140,9 +140,7 @@ class ConvertContext:
     def unsupported(
         self, detail: str, fix: str = "change the model or export it without this feature"
     ) -> UnsupportedError:
-        return UnsupportedError(
-            f"node '{self.name}' ({self.node.op_type}, opset {self.opset}): {detail}; {fix}"
-        )
+        return UnsupportedError(f"node '{self.name}' ({self.node.op_type}, opset {self.opset}): {detail}; {fix}")
 
     def axis(self, value: int, rank: int | None = None) -> int:
         rank = self.rank(0) if rank is None else rank

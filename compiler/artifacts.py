@@ -1,0 +1,77 @@
+"""Artifact registry: recognise a file or folder (ONNX model, cvimodel, bmodel, output tree) and inspect or
+run it. Each frontend/backend registers an `ArtifactKind` from a module listed in ARTIFACT_MODULES."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UserError
+
+ARTIFACT_MODULES = (
+    "npuc.frontends.onnx_artifact",
+    "npuc.backends.cv18xx.artifact",
+    "npuc.backends.bm1880.artifact",
+    "npuc.backends.lyngor.artifact",
+    "npuc.backends.dmp.artifact",
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class ArtifactOptions:
+    """Options `inspect` and `run` pass through; each kind reads what it understands."""
+
+    disasm: bool = False
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    name: str
+    matches: Callable[[Path], bool]  # cheap check: suffix, magic bytes, marker file
+    describe: Callable[[Path, ArtifactOptions], str]
+    inputs: Callable[[Path, ArtifactOptions], list[TensorSpec]] | None = None
+    run: Callable[[Path, dict[str, np.ndarray], ArtifactOptions], dict[str, np.ndarray]] | None = None
+
+
+_KINDS: dict[str, ArtifactKind] = {}
+
+
+def register_artifact(kind: ArtifactKind) -> ArtifactKind:
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def _load() -> None:
+    for module in ARTIFACT_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if not (exc.name and module.startswith(exc.name)):  # a missing module is fine; a broken one is not
+                raise
+
+
+def detect(path: Path) -> ArtifactKind:
+    """The kind of artifact at `path`, or a UserError saying what npuc accepts."""
+    if not path.exists():
+        raise UserError(f"file not found: {path}; check the path")
+    _load()
+    for kind in _KINDS.values():
+        if kind.matches(path):
+            return kind
+    raise UserError(
+        f"{path}: not a format npuc reads ({', '.join(sorted(_KINDS))}); pass an .onnx model or an npuc artifact"
+    )

@@ -1,0 +1,188 @@
+"""`npuc calibrate MODEL --data PATH... -o TABLE` and `npuc calibrate merge STATS... -o TABLE`.
+
+`calibrate` is a command group whose default command is `run`: a first argument that is not a subcommand
+name (`run`, `merge`) or a help flag is taken as the MODEL of `run`, so `npuc calibrate MODEL ...` and
+`npuc calibrate run MODEL ...` are the same command.
+
+Sharded calibration (exactly the single run's table):
+  npuc calibrate MODEL --data shardK --range-only --save-stats rK.npz     (each shard)
+  npuc calibrate merge r*.npz --save-stats ranges.npz
+  npuc calibrate MODEL --data shardK --ranges ranges.npz --save-stats hK.npz -o /dev/null   (each shard)
+  npuc calibrate merge h*.npz -o TABLE
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from npuc.compiler.errors import UserError
+from npuc.frontends.onnx import parse_input_shapes
+from npuc.passes.calibrate import CalibrationOptions, calibrate, merge_stats_files, stats_to_table
+from npuc.passes.calitable import write_table
+from npuc.passes.histogram import DEFAULT_BINS, load_stats, save_stats
+from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
+from typer.core import TyperGroup
+
+DEFAULT_COMMAND = "run"
+HELP_FLAGS = ("--help", "-h")
+
+
+class DefaultCommandGroup(TyperGroup):
+    """A group that runs DEFAULT_COMMAND when the first argument names no subcommand."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 - click's Context
+        if args and args[0] not in self.commands and args[0] not in HELP_FLAGS:
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+
+def _check_output(path: Path | None, option: str) -> None:
+    """Fail before hours of calibration rather than after, when an output cannot be written."""
+    if path is not None and not path.resolve().parent.is_dir():
+        raise UserError(f"{option} {path}: folder {path.parent} does not exist; create it or choose another path")
+
+
+def _progress_factory() -> tuple[Callable[[str, int], Callable[[int], None]], object | None]:
+    """A rich progress bar on a terminal; a no-op otherwise (quiet in Makefiles and CI)."""
+    if not sys.stderr.isatty():
+        return (lambda label, total: lambda n: None), None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+    def start(label: str, total: int) -> Callable[[int], None]:
+        task = bar.add_task(label, total=total)
+        return lambda n: bar.advance(task, n)
+
+    return start, bar
+
+
+def _note(message: str) -> None:
+    if sys.stderr.isatty():
+        typer.echo(message, err=True)
+
+
+METHOD_HELP = "Threshold method: kl (tpu-mlir's default), max, percentile, mse."
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(
+        cls=DefaultCommandGroup,
+        no_args_is_help=True,
+        help="Calibrate a model: `npuc calibrate MODEL --data DIR -o TABLE` (runs `run`), or merge shards.",
+    )
+
+    @group.command(DEFAULT_COMMAND, no_args_is_help=True)
+    def run(
+        model: Annotated[Path, typer.Argument(help="The ONNX model (float).")],
+        data: Annotated[
+            list[str],
+            typer.Option("--data", "-d", help="Folder, sample file (.npz/.npy/.jpg/.png) or .txt list; repeatable."),
+        ],
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="The cali_table to write.")] = None,
+        samples: Annotated[
+            int | None, typer.Option("--samples", "-n", help="Use the first N samples (default all).")
+        ] = None,
+        method: Annotated[str, typer.Option("--method", help=METHOD_HELP)] = "kl",
+        percentile: Annotated[float, typer.Option("--percentile", help="Percentile for --method percentile.")] = 99.99,
+        input_shape: Annotated[
+            list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,...; repeatable.")
+        ] = None,
+        mean: Annotated[
+            str, typer.Option("--mean", help="Per-channel mean subtracted from pixels (0..255 scale).")
+        ] = "0",
+        scale: Annotated[str, typer.Option("--scale", help="Per-channel factor applied after the mean.")] = "1",
+        color: Annotated[str, typer.Option("--color", help="Channel order the model takes: rgb, bgr, gray.")] = "rgb",
+        resize: Annotated[
+            str | None, typer.Option("--resize", help="Resize pictures to H,W, then centre-crop.")
+        ] = None,
+        layout: Annotated[str, typer.Option("--layout", help="Input layout: nchw or nhwc.")] = "nchw",
+        save_stats_path: Annotated[
+            Path | None, typer.Option("--save-stats", help="Also write mergeable statistics.")
+        ] = None,
+        ranges: Annotated[Path | None, typer.Option("--ranges", help="Merged range statistics of all shards.")] = None,
+        range_only: Annotated[
+            bool, typer.Option("--range-only", help="Stop after the range pass (needs --save-stats).")
+        ] = False,
+        batch: Annotated[int, typer.Option("--batch", help="Samples per onnxruntime run.")] = 1,
+        bins: Annotated[int, typer.Option("--bins", help="Histogram bins (tpu-mlir: 2048).")] = DEFAULT_BINS,
+    ) -> None:
+        """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
+        if output is None and save_stats_path is None:
+            raise UserError("nothing to write; give -o TABLE and/or --save-stats FILE")
+        if range_only and (save_stats_path is None or output is not None):
+            raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
+        _check_output(output, "-o")
+        _check_output(save_stats_path, "--save-stats")
+        options = CalibrationOptions(method=method, percentile=percentile, batch=batch, bins=bins)
+        pre = Preprocess(
+            mean=parse_floats(mean, "--mean"),
+            scale=parse_floats(scale, "--scale"),
+            color=color,
+            resize=parse_hw(resize) if resize else None,
+            layout=layout,
+        )
+        range_stats = load_stats(ranges) if ranges is not None else None
+        progress, bar = _progress_factory()
+        with bar or nullcontext():
+            result = calibrate(
+                model,
+                data,
+                pre,
+                options,
+                input_shapes=parse_input_shapes(input_shape or []),
+                limit=samples,
+                ranges=range_stats,
+                range_only=range_only,
+                keep_histograms=save_stats_path is not None,
+                progress=progress,
+            )
+        if samples is not None and result.samples < samples:
+            typer.echo(f"npuc: note: --samples {samples} but only {result.samples} found; used all", err=True)
+        if save_stats_path is not None:
+            save_stats(result.stats, save_stats_path)
+        if output is not None and result.table is not None:
+            write_table(result.table, output)
+        rate = result.samples * (1 if ranges else 2) / max(result.seconds, 1e-9)
+        _note(
+            f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
+            f"({options.method_label()}, {rate:.1f} sample-passes/s)"
+        )
+
+    @group.command("merge", no_args_is_help=True)
+    def merge(
+        stats: Annotated[list[Path], typer.Argument(help="Statistics files written with --save-stats.")],
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="The cali_table to write.")] = None,
+        save_stats_path: Annotated[
+            Path | None, typer.Option("--save-stats", help="Write the merged statistics.")
+        ] = None,
+        method: Annotated[str, typer.Option("--method", help=METHOD_HELP)] = "kl",
+        percentile: Annotated[float, typer.Option("--percentile", help="Percentile for --method percentile.")] = 99.99,
+    ) -> None:
+        """Merge statistics shards into one table (identical to a single run) or one statistics file."""
+        if output is None and save_stats_path is None:
+            raise UserError("nothing to write; give -o TABLE and/or --save-stats FILE")
+        _check_output(output, "-o")
+        _check_output(save_stats_path, "--save-stats")
+        merged = merge_stats_files(stats)
+        options = CalibrationOptions(method=method, percentile=percentile, bins=merged.bins)
+        table = stats_to_table(merged, options) if output is not None else None
+        if save_stats_path is not None:
+            save_stats(merged, save_stats_path)
+        if table is not None:
+            write_table(table, output)
+
+    app.add_typer(group, name="calibrate")

@@ -1,0 +1,74 @@
+"""`npuc run PATH --input x.npz -o y.npz`: execute an ONNX model (float IR) or simulate an artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import typer
+
+from npuc.compiler.artifacts import ArtifactOptions, TensorSpec, detect
+from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import load_arrays, save_npz
+from npuc.frontends.onnx import parse_input_shapes
+
+
+def _feeds_from_file(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+    arrays = load_arrays(path)
+    names = [s.name for s in specs]
+    if len(arrays) == 1 and len(specs) == 1:  # one input: the key does not matter
+        return {names[0]: next(iter(arrays.values()))}
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise UserError(f"{path}: no array for input(s) {', '.join(missing)}; the file holds {', '.join(arrays)}")
+    return {n: arrays[n] for n in names}
+
+
+def _random_feeds(specs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for s in specs:
+        if np.dtype(s.dtype).kind == "f":
+            feeds[s.name] = rng.standard_normal(s.shape).astype(s.dtype)
+        else:
+            info = np.iinfo(s.dtype)
+            feeds[s.name] = rng.integers(max(info.min, -128), min(info.max, 127), s.shape, endpoint=True).astype(
+                s.dtype
+            )
+    return feeds
+
+
+def _summary(name: str, value: np.ndarray) -> str:
+    v = np.asarray(value)
+    stats = ""
+    if v.size and v.dtype.kind in "fiu":
+        f = v.astype(np.float64)
+        stats = f"  min {f.min():.6g}  max {f.max():.6g}  mean {f.mean():.6g}"
+    return f"{name:<28} {str(v.dtype):<8} {'x'.join(map(str, v.shape)):<16}{stats}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run(
+        path: Path = typer.Argument(..., help="An .onnx model or an npuc-readable artifact."),
+        input: Path = typer.Option(None, "--input", "-i", help=".npz (keys = input names) or .npy for one input."),
+        random_input: bool = typer.Option(False, "--random-input", help="Feed seeded random data instead."),
+        seed: int = typer.Option(0, "--seed", help="Seed for --random-input."),
+        output: Path = typer.Option(None, "--output", "-o", help="Write the outputs to this .npz."),
+        input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,... (ONNX)."),
+    ) -> None:
+        """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes)."""
+        if (input is None) == (not random_input):
+            raise UserError("give exactly one of --input FILE and --random-input")
+        kind = detect(path)
+        if kind.run is None or kind.inputs is None:
+            raise UserError(f"{path}: npuc cannot run {kind.name} artifacts yet; `npuc inspect` reads them")
+        options = ArtifactOptions(input_shapes=parse_input_shapes(input_shape))
+        specs = kind.inputs(path, options)
+        feeds = _random_feeds(specs, seed) if random_input else _feeds_from_file(input, specs)
+        outputs = kind.run(path, feeds, options)
+        for name, value in outputs.items():
+            typer.echo(_summary(name, value))
+        if output is not None:
+            save_npz(output, {k: np.asarray(v) for k, v in outputs.items()})
+            typer.echo(f"wrote {output}")

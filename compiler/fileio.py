@@ -1,0 +1,46 @@
+"""File output that never leaves a partial artifact: write beside the target, then rename."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise UserError(f"output folder {path.parent} does not exist; create it or choose another -o")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Arrays from an .npz (by key) or .npy (one unnamed array, key '')."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"input file not found: {path}; check the path")
+    try:
+        if path.suffix.lower() == ".npy":
+            return {"": np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as data:
+            return {key: data[key] for key in data.files}
+    except (ValueError, OSError, EOFError) as exc:
+        raise UserError(f"{path}: not a readable .npz/.npy file ({exc}); save inputs with numpy.savez") from None

@@ -1,0 +1,61 @@
+"""bf16 kernels: each op computed in float (float32 operands that are bf16 values), its result rounded to bf16.
+
+This is the cv18xx bf16 path (specs/cv18xx.md §4): the TIU takes bf16 operands, accumulates wider and rounds
+each op's result to the nearest even bf16; a conv/gemm bias is fp32. Average pooling multiplies the window
+sum by the bf16 constant 1/(kh·kw), as the hardware has no divider. The accumulation order inside the TIU is
+not modelled, so results can differ from the chip in the last bf16 bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.passes.fixedpoint import round_to_bf16
+
+from ...ir import Op
+from ...ops import OPS
+from ..activation import apply_activation
+from ..registry import FLOAT_KERNELS, KernelFn
+from .int8 import window_sums
+from .registry import quant_kernel
+
+
+def _rounded(kernel: KernelFn) -> KernelFn:
+    def run(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return [round_to_bf16(y) if y.dtype == np.float32 else y for y in kernel(op, inputs)]
+
+    return run
+
+
+def _avg_factor(count: int) -> np.float32:
+    return round_to_bf16(np.float32(1.0) / np.float32(count))
+
+
+def _with_act(op: Op, y: np.ndarray) -> np.ndarray:
+    return round_to_bf16(apply_activation(round_to_bf16(y), getattr(op.attrs, "act", None)))
+
+
+def pool2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    if op.attrs.mode == "max":
+        return _rounded(FLOAT_KERNELS["pool2d"])(op, inputs)
+    kh, kw = op.attrs.kernel
+    total = window_sums(op, inputs[0].astype(np.float64))
+    return [_with_act(op, (total * _avg_factor(kh * kw)).astype(np.float32))]
+
+
+def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    x = inputs[0]
+    axes = tuple(range(2, x.ndim))
+    if op.attrs.mode == "max":
+        return [x.max(axis=axes, keepdims=True)]
+    count = int(np.prod(x.shape[2:]))
+    total = x.astype(np.float64).sum(axis=axes, keepdims=True)
+    return [round_to_bf16((total * _avg_factor(count)).astype(np.float32))]
+
+
+_SPECIAL: dict[str, KernelFn] = {"pool2d": pool2d, "global_pool": global_pool}
+
+for _kind in OPS:
+    if _kind in _SPECIAL:
+        quant_kernel("bf16", _kind)(_SPECIAL[_kind])
+    elif _kind in FLOAT_KERNELS:
+        quant_kernel("bf16", _kind)(_rounded(FLOAT_KERNELS[_kind]))

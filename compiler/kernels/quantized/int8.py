@@ -1,0 +1,184 @@
+"""cv18xx int8 kernels: integer arithmetic exactly as the TPU computes it (specs/quant.md §1.5, cv18xx.md §4).
+
+- conv / depthwise / gemm: int32 accumulation (+ int32 bias), then per-channel (conv) or per-tensor (gemm)
+  QDM requantization `RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(acc, m), rshift)`, ReLU, clamp.
+- eltwise add/sub (MUL then MAC), max/min, concat, avg pool: int8 multipliers and one right shift that
+  rounds half up, `(Σ m_i·x_i + 2^(r-1)) >> r`, then clamp.
+- eltwise mul: QDM on the int16 product. Unary activations: a 256-entry int8 lookup table.
+- max pool, relu, reshape-like ops: pass-through on the codes (input and output share a threshold).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.passes.fixedpoint import (
+    cv18xx_apply_multiplier_rshift,
+    rounding_divide_by_pot,
+    saturate,
+    saturating_rounding_doubling_high_mul,
+)
+
+from ...ir import Op
+from ...ops import pool_out_size
+from ..conv import conv2d_nchw, pad_hw, windows
+from ..registry import FLOAT_KERNELS
+from .params import OpQuant, op_quant
+from .registry import quant_kernel
+
+
+def _finish(y: np.ndarray, q: OpQuant, relu: bool) -> np.ndarray:
+    """Clamp int64 results to int8, with the fused ReLU (and relu6 upper bound) applied."""
+    if relu:
+        y = np.maximum(y, 0)
+    if q.relu_max is not None:
+        y = np.minimum(y, q.relu_max)
+    return saturate(y, np.int8)
+
+
+def _relu(op: Op) -> bool:
+    act = getattr(op.attrs, "act", None)
+    return act is not None and act.kind in ("relu", "clip")
+
+
+def _exact_int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # int8 x int8 sums stay far below 2^53, so a float64 (BLAS) product is exact
+    return np.rint(np.matmul(a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
+
+
+def _requant_qdm(acc: np.ndarray, q: OpQuant, axis: int | None) -> np.ndarray:
+    mult, shift = np.asarray(q.multiplier), np.asarray(q.rshift)
+    if axis is not None and mult.size > 1:
+        shape = [1] * acc.ndim
+        shape[axis] = mult.size
+        mult, shift = mult.reshape(shape), shift.reshape(shape)
+    return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(acc, mult), shift)
+
+
+@quant_kernel("int8", "conv2d")
+def conv2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    a, q = op.attrs, op_quant(op)
+    x = inputs[0].astype(np.float64)
+    acc = np.rint(conv2d_nchw(x, inputs[1].astype(np.float64), a.strides, a.pads, a.dilations, a.group))
+    acc = acc.astype(np.int64)
+    if len(inputs) > 2:
+        acc = acc + inputs[2].astype(np.int64).reshape(1, -1, 1, 1)
+    return [_finish(_requant_qdm(acc, q, 1), q, _relu(op))]
+
+
+def _gemm_operands(op: Op, inputs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    a, b = inputs[0], inputs[1]
+    if op.kind == "gemm":
+        a = a.T if op.attrs.trans_a else a
+        b = b.T if op.attrs.trans_b else b
+    return a, b
+
+
+@quant_kernel("int8", "gemm", "matmul")
+def gemm(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    q = op_quant(op)
+    a, b = _gemm_operands(op, inputs)
+    acc = _exact_int_matmul(a, b)
+    if len(inputs) > 2:
+        acc = acc + inputs[2].astype(np.int64)
+    return [_finish(_requant_qdm(acc, q, None), q, _relu(op))]
+
+
+def _scaled_sum(values: list[np.ndarray], q: OpQuant) -> np.ndarray:
+    """`(Σ m_i·x_i + 2^(r-1)) >> r` over broadcast int8 inputs (the MUL/MAC chain of an int8 eltwise)."""
+    acc = sum(np.asarray(x, np.int64) * int(m) for x, m in zip(values, np.asarray(q.multiplier).ravel()))
+    return cv18xx_apply_multiplier_rshift(acc, 1, int(np.asarray(q.rshift)))
+
+
+def _rescale_each(values: list[np.ndarray], q: OpQuant) -> list[np.ndarray]:
+    shifts = np.broadcast_to(np.asarray(q.rshift), (len(values),))
+    mults = np.asarray(q.multiplier).ravel()
+    return [
+        cv18xx_apply_multiplier_rshift(np.asarray(x, np.int64), int(m), int(r))
+        for x, m, r in zip(values, mults, shifts)
+    ]
+
+
+def _eltwise_extreme(values: list[np.ndarray], q: OpQuant, fn: np.ufunc) -> np.ndarray:
+    return fn.reduce(np.broadcast_arrays(*_rescale_each(values, q)))
+
+
+def _eltwise_mul(values: list[np.ndarray], q: OpQuant) -> np.ndarray:
+    prod = values[0].astype(np.int64)
+    for x in values[1:]:
+        prod = prod * x.astype(np.int64)
+    return _requant_qdm(prod, q, None)
+
+
+_ELTWISE = {
+    "add": _scaled_sum,
+    "sub": _scaled_sum,  # the second multiplier is negative
+    "max": lambda v, q: _eltwise_extreme(v, q, np.maximum),
+    "min": lambda v, q: _eltwise_extreme(v, q, np.minimum),
+    "mul": _eltwise_mul,
+}
+
+
+@quant_kernel("int8", "eltwise")
+def eltwise(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    q = op_quant(op)
+    y = _ELTWISE[op.attrs.kind](inputs, q)
+    shape = np.broadcast_shapes(*(x.shape for x in inputs))
+    return [np.ascontiguousarray(np.broadcast_to(_finish(y, q, _relu(op)), shape))]
+
+
+@quant_kernel("int8", "concat")
+def concat(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    q = op_quant(op)
+    parts = [saturate(v, np.int8) for v in _rescale_each(inputs, q)]
+    return [np.concatenate(parts, axis=op.attrs.axis)]
+
+
+def window_sums(op: Op, x: np.ndarray) -> np.ndarray:
+    """Sum (in x's dtype) of every pool window: zero padding, ceil_mode windows extended past the end."""
+    a = op.attrs
+    h, w = x.shape[2:]
+    top, left, bottom, right = a.pads
+    sizes = [
+        pool_out_size(n, k, s, d, pb, pe, a.ceil_mode)
+        for n, k, s, d, pb, pe in zip((h, w), a.kernel, a.strides, a.dilations, (top, left), (bottom, right))
+    ]
+    need = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip(sizes, a.strides, a.dilations, a.kernel)]
+    full = (top, left, need[0] - h - top, need[1] - w - left)
+    return windows(pad_hw(x, full), a.kernel, a.strides, a.dilations).sum(axis=(4, 5))
+
+
+@quant_kernel("int8", "pool2d")
+def pool2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    q = op_quant(op)
+    if op.attrs.mode == "max":
+        y = FLOAT_KERNELS["pool2d"](op, inputs)[0].astype(np.int64)  # pads with -128
+        return [_finish(y, q, _relu(op))]
+    y = cv18xx_apply_multiplier_rshift(window_sums(op, inputs[0].astype(np.int64)), q.multiplier, q.rshift)
+    return [_finish(y, q, _relu(op))]
+
+
+@quant_kernel("int8", "global_pool")
+def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    q, x = op_quant(op), inputs[0]
+    axes = tuple(range(2, x.ndim))
+    if op.attrs.mode == "max":
+        return [x.max(axis=axes, keepdims=True)]
+    total = x.astype(np.int64).sum(axis=axes, keepdims=True)
+    return [_finish(cv18xx_apply_multiplier_rshift(total, q.multiplier, q.rshift), q, False)]
+
+
+@quant_kernel("int8", "activation", "lut")
+def lookup(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    q, x = op_quant(op), inputs[0]
+    if q.lut is None:  # relu with equal thresholds: a max against zero
+        return [_finish(x.astype(np.int64), q, True)]
+    table = np.asarray(q.lut, np.int8)
+    return [table[x.view(np.uint8)]]
+
+
+def _passthrough(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    return FLOAT_KERNELS[op.kind](op, inputs)
+
+
+for _kind in ("reshape", "transpose", "slice", "split", "pad", "expand", "gather"):
+    quant_kernel("int8", _kind)(_passthrough)
