@@ -14,7 +14,6 @@ from .errors import UserError
 from .ir import Graph, Op
 from .kernels import FLOAT_KERNELS, KernelFn
 
-
 # How a user-facing input layout maps onto the graph's NCHW input tensor.
 _FROM_LAYOUT = {"nchw": None, "nhwc": (0, 3, 1, 2)}
 

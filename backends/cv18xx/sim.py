@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from npuc.backends.cv18xx import isa
+from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, model_schema
@@ -70,8 +70,8 @@ class Machine:
         src_global, dst_global = {0: (True, False), 1: (False, True), 2: (True, True), 3: (False, False)}[direction]
         src_fmt = _TDMA_FMT.get(f["src_fmt"])
         dst_fmt = _TDMA_FMT.get(f["dst_fmt"])
-        if f["compress_en"]:  # tpu-mlir compresses some bf16 weights; the VLC format is not documented
-            raise UnsupportedError("TDMA load of compressed (VLC) data is not simulated")
+        if f["compress_en"] and direction != 0:
+            raise UnsupportedError("TDMA compressing store (VLC) is not simulated yet")
         if src_fmt is None or dst_fmt is None or f["spec_func"] not in (0, 4):
             raise UnsupportedError(f"TDMA mode spec_func={f['spec_func']} fmt={f['src_fmt']} is not simulated yet")
         s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
@@ -87,6 +87,8 @@ class Machine:
         dst_shape = (n, f["dst_c"], f["dst_h"], f["dst_w"])
         if f["spec_func"] == 4:
             values = np.full(dst_shape, f["const_val"], np.int64)
+        elif f["compress_en"]:
+            values = _convert(self._read_compressed(src_region, src_addr, src_shape, src_fmt), src_fmt, dst_fmt)
         else:
             src_strides = (f["src_n_stride"], src_cs, f["src_h_stride"], s_esz)
             values = self._access(src_region, src_addr, src_shape, src_strides, src_fmt)
@@ -96,12 +98,28 @@ class Machine:
         dst_strides = (f["dst_n_stride"], dst_cs, f["dst_h_stride"], d_esz)
         self._access(dst_region, dst_addr, dst_shape, dst_strides, dst_fmt, values.reshape(dst_shape))
 
+    def _read_compressed(self, region: int, addr: int, shape: tuple, fmt: str) -> np.ndarray:
+        """A decompressing load's source: one VLC buffer that decodes to the dense source shape."""
+        if fmt not in ("i8", "bf16"):
+            raise UnsupportedError(f"TDMA decompression of {fmt} data is not simulated")
+        if region < 0:
+            raise UnsupportedError("TDMA decompression from local memory is not simulated")
+        elements = int(np.prod(shape))
+        where = f"compressed TDMA source in gmem region {region} at {addr:#x}"
+        header = compression.VlcHeader.unpack(self.gmem.read_bytes(region, addr, compression.HEADER_BYTES).tobytes())
+        data = self.gmem.read_bytes(region, addr, compression.compressed_size(header, elements))
+        values = compression.decompress(data, elements, fmt == "bf16", where)
+        return values.view(FORMATS[fmt][1]).reshape(shape)
+
     def _tdma_matrix(self, f: dict[str, int], src: tuple, dst: tuple, src_fmt: str, dst_fmt: str) -> None:
         rows = f["src_n"]
         s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
         if f["trans_dir"] == 0:  # global rows x src_w -> local (rows, dst_c, 1, dst_w)
             cols = f["src_w"]
-            mat = self.gmem.read(src[0], src[1], (rows, 1, 1, cols), (src[2], 0, 0, s_esz), src_fmt)
+            if f["compress_en"]:
+                mat = self._read_compressed(src[0], src[1], (rows, 1, 1, cols), src_fmt)
+            else:
+                mat = self.gmem.read(src[0], src[1], (rows, 1, 1, cols), (src[2], 0, 0, s_esz), src_fmt)
             shape = (rows, f["dst_c"], 1, f["dst_w"])
             strides = (f["dst_n_stride"], dst[2], f["dst_h_stride"], d_esz)
             local = self.lmem.read(dst[1], shape, strides, dst_fmt).reshape(rows, -1)

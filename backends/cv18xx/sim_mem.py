@@ -106,6 +106,14 @@ class GlobalMemory:
         off = self._index(region, addr, shape, strides, esz)
         return np.ascontiguousarray(self.regions[region][off]).view(dtype).reshape(shape)
 
+    def read_bytes(self, region: int, addr: int, size: int) -> np.ndarray:
+        """`size` contiguous bytes (a compressed stream), checked to lie inside the region."""
+        mem = self.regions.get(region)
+        if mem is None or addr < 0 or size > MAX_ACCESS_BYTES or addr + size > len(mem):
+            have = "missing" if mem is None else f"{len(mem)} bytes"
+            raise CorruptFileError(f"global read of {size} bytes in region {region} at {addr:#x} is outside ({have})")
+        return mem[addr : addr + size]
+
     def write(self, region: int, addr: int, shape: Shape, strides: Strides, fmt: str, values: np.ndarray) -> None:
         esz, dtype = FORMATS[fmt]
         off = self._index(region, addr, shape, strides, esz)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-
 from npuc.compiler.artifacts import ArtifactOptions, detect
 from npuc.frontends.onnx import parse_input_shapes
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import typer
-
 from npuc.compiler.artifacts import ArtifactOptions, TensorSpec, detect
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import load_arrays, save_npz

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import typer
-
 from npuc.compiler.targets import all_targets
 
 
