@@ -180,7 +180,7 @@ def fold_batchnorm(graph: Graph) -> int:
             graph.shape(prev.outputs[0])[1],
         ):
             continue
-        _fold_scale_into(graph, prev, scale.astype(np.float64), bias.astype(np.float64))
+        _fold_scale_into(graph, prev, scale.astype(np.float32), bias.astype(np.float32))
         graph.remove_op(op)
         prev.outputs = [op.outputs[0]]
         fired += 1
@@ -188,9 +188,9 @@ def fold_batchnorm(graph: Graph) -> int:
 
 
 def _fold_scale_into(graph: Graph, op: Op, scale: np.ndarray, bias: np.ndarray) -> None:
-    weight = graph.const(op.inputs[1]).astype(np.float64)
+    weight = graph.const(op.inputs[1]).astype(np.float32)
     n_out = graph.shape(op.outputs[0])[1]
-    old_bias = graph.const(op.inputs[2]).astype(np.float64) if len(op.inputs) > 2 else np.zeros(n_out)
+    old_bias = graph.const(op.inputs[2]).astype(np.float32) if len(op.inputs) > 2 else np.zeros(n_out, np.float32)
     if op.kind == "conv2d":
         weight = weight * scale.reshape(-1, 1, 1, 1)
     else:  # gemm: output column j scales column j of op(B); fold alpha and beta in

@@ -7,7 +7,7 @@ name (`run`, `merge`) or a help flag is taken as the MODEL of `run`, so `npuc ca
 Sharded calibration (exactly the single run's table):
   npuc calibrate MODEL --data shardK --range-only --save-stats rK.npz     (each shard)
   npuc calibrate merge r*.npz --save-stats ranges.npz
-  npuc calibrate MODEL --data shardK --ranges ranges.npz --save-stats hK.npz -o /dev/null   (each shard)
+  npuc calibrate MODEL --data shardK --ranges ranges.npz --save-stats hK.npz          (each shard)
   npuc calibrate merge h*.npz -o TABLE
 """
 
@@ -152,14 +152,19 @@ def register(app: typer.Typer) -> None:
             )
         if samples is not None and result.samples < samples:
             typer.echo(f"npuc: note: --samples {samples} but only {result.samples} found; used all", err=True)
+        if result.skipped:  # tensors a converter created: no row in the table
+            shown = ", ".join(result.skipped[:5]) + (", ..." if len(result.skipped) > 5 else "")
+            typer.echo(
+                f"npuc: note: {len(result.skipped)} IR tensor(s) have no ONNX tensor to observe: {shown}", err=True
+            )
         if save_stats_path is not None:
             save_stats(result.stats, save_stats_path)
         if output is not None and result.table is not None:
             write_table(result.table, output)
-        rate = result.samples * (1 if ranges else 2) / max(result.seconds, 1e-9)
+        rate = result.samples / max(result.seconds, 1e-9)
         _note(
             f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
-            f"({options.method_label()}, {rate:.1f} sample-passes/s)"
+            f"({options.method_label()}, {rate:.1f} samples/s)"
         )
 
     @group.command("merge", no_args_is_help=True)

@@ -191,8 +191,9 @@ def matmul(ctx: ConvertContext) -> None:
 def batch_normalization(ctx: ConvertContext) -> None:
     if ctx.attr("training_mode", 0) or len([o for o in ctx.node.output if o]) > 1:
         raise ctx.unsupported("training-mode BatchNormalization is not supported", "export the model in eval mode")
-    scale, bias, mean, var = (ctx.const(i).astype(np.float64) for i in (1, 2, 3, 4))
-    factor = scale / np.sqrt(var + float(ctx.attr("epsilon", 1e-5)))
+    # float32 arithmetic, as tpu-mlir folds BN: the folded weights then match its quantized ones exactly
+    scale, bias, mean, var = (ctx.const(i).astype(np.float32) for i in (1, 2, 3, 4))
+    factor = scale / np.sqrt(var + np.float32(ctx.attr("epsilon", 1e-5)))
     dtype = ctx.graph.tensors[ctx.input(0)].dtype
     s_name, b_name = ctx.temp("bn_scale"), ctx.temp("bn_bias")
     ctx.graph.add_const(s_name, factor.astype(dtype))

@@ -1,0 +1,93 @@
+"""`npuc build MODEL --target T`: frontend → canonicalize → the target's backend → artifact on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_bytes
+from npuc.compiler.targets import BuildRequest, get_target
+from npuc.frontends.onnx import import_onnx, parse_input_shapes
+from npuc.passes.canonicalize import canonicalize
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UserError(f"bad --option '{text}': write KEY=VALUE, e.g. --option parallel_mode=MP")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _shape_sets(specs: list[str]) -> list[dict[str, tuple[int, ...]]]:
+    """Repeated --input-shape values for the same input start a new set (one per resolution)."""
+    sets: list[dict[str, tuple[int, ...]]] = []
+    for spec in specs:
+        ((name, shape),) = parse_input_shapes([spec]).items()
+        if not sets or name in sets[-1]:
+            sets.append({})
+        sets[-1][name] = shape
+    return sets
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("build")
+    def build(
+        model: Path = typer.Argument(..., help="The ONNX model to compile."),
+        target: str = typer.Option(..., "--target", "-t", help="Target name (see `npuc targets`)."),
+        output: Path = typer.Option(None, "--output", "-o", help="Artifact path (default: <model>_<target>)."),
+        chip: str = typer.Option(None, "--chip", help="Chip of the target family."),
+        quant: str = typer.Option(None, "--quant", help="Number format (target-specific, e.g. int8, bf16, fp16)."),
+        calib: Path = typer.Option(None, "--calib", help="Calibration table (tpu-mlir cali_table)."),
+        input_shape: list[str] = typer.Option(
+            [], "--input-shape", help="NAME:D0,D1,...; repeat an input for several resolutions."
+        ),
+        name: str = typer.Option(None, "--name", help="Network name in generated sources."),
+        input_dtype: str = typer.Option(None, "--input-dtype", help="Data type the runtime is fed."),
+        delegate: bool = typer.Option(False, "--delegate", help="Emit a vendor build script instead (lyngor)."),
+        option: list[str] = typer.Option([], "--option", help="Target option KEY=VALUE (JSON values allowed)."),
+        depfile: Path = typer.Option(None, "--depfile", help="Write a Makefile dependency line here."),
+        as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
+    ) -> None:
+        """Compile MODEL for a target and write the artifact atomically."""
+        chosen = get_target(target)
+        if chosen.build is None:
+            raise UserError(f"target '{target}' cannot build yet ({chosen.status}); see `npuc targets`")
+        shape_sets = _shape_sets(input_shape)
+        options: dict[str, Any] = dict(_parse_option(o) for o in option)
+        if name is not None:
+            options["name"] = name
+        if input_dtype is not None:
+            options["input_dtype"] = input_dtype
+        if delegate:
+            options["delegate"] = True
+        if len(shape_sets) > 1:
+            options["input_shapes_list"] = shape_sets
+        if calib is not None and not calib.is_file():
+            raise UserError(f"calibration table not found: {calib}; check the path")
+
+        notes: list[str] = []
+        graph = import_onnx(model, shape_sets[0] if shape_sets else None, notes)
+        canonicalize(graph)
+        out = output or Path(f"{model.stem}_{chosen.name}")
+        request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
+        result = chosen.build(request)
+
+        if depfile is not None:
+            deps = " ".join(str(p) for p in [model, calib] if p is not None)
+            atomic_write_bytes(depfile, f"{' '.join(str(a) for a in result.artifacts)}: {deps}\n".encode())
+        if as_json:
+            summary = {"target": chosen.name, "artifacts": [str(a) for a in result.artifacts], **result.summary}
+            typer.echo(json.dumps(summary, indent=2, default=str))
+            return
+        for note in notes:
+            typer.echo(f"note: {note}")
+        for artifact in result.artifacts:
+            typer.echo(f"wrote {artifact}")
+        for key, value in result.summary.items():
+            typer.echo(f"  {key}: {value}")

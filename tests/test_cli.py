@@ -1,0 +1,220 @@
+"""The CLI contract: bad input exits 2 with one clear line and no traceback; internal errors exit 1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npuc.compiler import cli
+from onnx import TensorProto, helper, numpy_helper
+
+GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+
+
+def npuc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "npuc", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("npuc: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _relu_model(in_shape, name="x") -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", [name], ["y"])],
+        "g",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, in_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_missing_file(tmp_path):
+    assert_user_error(npuc("inspect", tmp_path / "nope.onnx"), "not found", "nope.onnx")
+
+
+def test_not_onnx(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("this is not a model\n" * 20)
+    assert_user_error(npuc("inspect", path), "notes.onnx")
+
+
+def test_truncated_onnx(tmp_path):
+    data = (GOLDEN / "cv18xx" / "smallcnn.onnx").read_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    assert_user_error(npuc("inspect", path), "cut.onnx", "truncated")
+
+
+def test_all_unsupported_ops_listed_at_once(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok"),
+        helper.make_node("Hardmax", ["a"], ["b"], name="first_bad"),
+        helper.make_node("LpNormalization", ["b"], ["c"], name="second_bad"),
+        helper.make_node("Hardmax", ["c"], ["y"], name="third_bad"),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "u.onnx")
+    line = assert_user_error(npuc("run", path, "--random-input"), "3 unsupported", "Hardmax", "LpNormalization")
+    for node in ("first_bad", "second_bad", "third_bad"):
+        assert node in line
+    assert "opset 13" in line
+
+
+def test_dynamic_dim_must_be_pinned(tmp_path):
+    path = _save(_relu_model([1, 3, "height", 64]), tmp_path / "dyn.onnx")
+    assert_user_error(npuc("inspect", path), "input 'x' dim 2", "'height'", "--input-shape x:1,3,N,64")
+    # and the flag fixes it
+    result = npuc("run", path, "--input-shape", "x:1,3,32,64", "--random-input")
+    assert result.returncode == 0, result.stderr
+    assert "1x3x32x64" in result.stdout
+
+
+def test_bad_input_shape_flag(tmp_path):
+    path = _save(_relu_model([1, 3, "h", "w"]), tmp_path / "dyn.onnx")
+    assert_user_error(npuc("inspect", path, "--input-shape", "x=1,3"), "--input-shape", "NAME:D0,D1")
+    assert_user_error(npuc("inspect", path, "--input-shape", "y:1,3,4,4"), "names y", "x")
+    assert_user_error(npuc("inspect", path, "--input-shape", "x:1,3,4"), "rank 4")
+
+
+def test_shape_mismatch(tmp_path):
+    w = numpy_helper.from_array(np.ones((8, 5, 3, 3), np.float32), "w")  # 5 input channels for a 3-channel input
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv_bad")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "s.onnx")
+    assert_user_error(npuc("inspect", path), "shape")
+
+
+def test_cycle(tmp_path):
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["a"], name="loop_a"),
+        helper.make_node("Relu", ["a"], ["b"], name="loop_b"),
+        helper.make_node("Relu", ["a"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "c.onnx")
+    assert_user_error(npuc("inspect", path), "cycle", "loop_a", "loop_b")
+
+
+def test_external_data_outside_model_folder(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (tmp_path / "secret.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    bias = numpy_helper.from_array(np.ones(4, np.float32), "bias")
+    bias.data_location = TensorProto.EXTERNAL
+    bias.ClearField("raw_data")
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "16")):
+        entry = bias.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [bias],
+    )
+    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model_dir / "m.onnx")
+    assert_user_error(npuc("inspect", path), "../secret.bin", "outside the model's folder")
+
+
+def test_external_data_inside_folder_loads(tmp_path):
+    w = numpy_helper.from_array(np.arange(4, dtype=np.float32), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
+    np.savez(tmp_path / "in.npz", x=np.zeros((1, 4), np.float32))
+    result = npuc("run", tmp_path / "m.onnx", "--input", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], [[0, 1, 2, 3]])
+
+
+def test_wrong_input_feed_shape(tmp_path):
+    path = _save(_relu_model([1, 4]), tmp_path / "r.onnx")
+    np.savez(tmp_path / "in.npz", x=np.zeros((1, 5), np.float32))
+    assert_user_error(npuc("run", path, "--input", tmp_path / "in.npz"), "input 'x'", "[1, 4]", "[1, 5]")
+
+
+def test_run_writes_outputs_atomically_and_matches_reference(tmp_path):
+    path = _save(_relu_model([1, 4]), tmp_path / "r.onnx")
+    np.savez(tmp_path / "in.npz", x=np.array([[-1, 2, -3, 4]], np.float32))
+    result = npuc("run", path, "--input", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert result.returncode == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["y"], [[0, 2, 0, 4]])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_internal_error_exits_1_with_report_hint(monkeypatch, capsys):
+    from npuc.compiler import targets
+
+    def broken():
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(targets, "all_targets", broken)
+    monkeypatch.setattr("npuc.compiler.commands.targets.all_targets", broken)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["targets"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error" in err[0] and "report" in err[0]
+
+
+def test_targets_lists_every_target_honestly():
+    result = npuc("targets", "--json")
+    assert result.returncode == 0
+    import json
+
+    rows = {row["target"]: row for row in json.loads(result.stdout)}
+    assert {"cv18xx", "bm1880", "bpu"} <= set(rows)
+    assert rows["cv18xx"]["chips"] == ["cv183x", "cv182x", "cv181x", "cv180x"]
+    for row in rows.values():
+        assert row["status"]
+
+
+def test_inspect_onnx_reports_ops_params_and_flops():
+    result = npuc("inspect", GOLDEN / "cv18xx" / "smallcnn.onnx")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "BatchNormalization 4" in out and "conv2d+relu" in out
+    assert "1x3x64x64" in out and "FLOPs" in out and "params" in out
+
+
+def test_python_dash_m_and_console_script_agree():
+    result = npuc("--help")
+    assert result.returncode == 0 and "inspect" in result.stdout and "run" in result.stdout
