@@ -1,0 +1,339 @@
+"""Model-input preprocessing and calibration data loading, shared by `npuc calibrate` and `npuc build`.
+
+Samples are files: `.npz` (one sample; keys are the model's input names), `.npy` (one sample of a
+single-input model) or pictures (`.jpg`, `.jpeg`, `.png`, `.bmp`; decoded with Pillow when it is installed).
+`--data` takes folders (their sample files, sorted by name, not recursive), sample files, or `.txt` lists
+(one path per line, relative to the list's folder). Samples are loaded one at a time, so memory does not
+grow with their number.
+
+Picture preprocessing follows tpu-mlir's convention: resize (bilinear, half-pixel centres like OpenCV) to
+`resize` (default: the input's H,W), centre-crop to the input's H,W, reorder colour, then
+`(pixel - mean) * scale` per channel on the 0..255 scale, then the `layout` the model takes.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+import onnx
+from npuc.compiler.errors import UserError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+ARRAY_SUFFIXES = (".npz", ".npy")
+LIST_SUFFIX = ".txt"
+MAX_SAMPLE_BYTES = 1 << 31  # one sample larger than this is a wrong file, not calibration data
+LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as OpenCV and Pillow use
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, pinned shape and numpy dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How a picture becomes an input tensor (tpu-mlir's model_transform options)."""
+
+    mean: tuple[float, ...] = (0.0,)
+    scale: tuple[float, ...] = (1.0,)
+    color: str = "rgb"  # rgb | bgr | gray
+    resize: tuple[int, int] | None = None  # H,W before the centre crop; None: the input's H,W
+    layout: str = "nchw"  # nchw | nhwc
+
+    def __post_init__(self) -> None:
+        if self.color not in COLOR_ORDERS:
+            raise UserError(f"--color {self.color!r} is not one of {', '.join(COLOR_ORDERS)}")
+        if self.layout not in LAYOUT_AXES:
+            raise UserError(f"--layout {self.layout!r} is not one of {', '.join(LAYOUT_AXES)}")
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
+            raise UserError(f"--resize {self.resize} must be two positive sizes H,W such as 256,256")
+        if not all(np.isfinite(self.mean)) or not all(np.isfinite(self.scale)):
+            raise UserError("--mean and --scale must be finite numbers")
+
+
+def parse_floats(text: str, option: str) -> tuple[float, ...]:
+    """`1,2,3` or `1 2 3` → (1.0, 2.0, 3.0)."""
+    try:
+        values = tuple(float(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise UserError(f"{option} {text!r}: write comma-separated numbers such as 123.7,116.3,103.5") from None
+    if not values:
+        raise UserError(f"{option} is empty; write comma-separated numbers such as 123.7,116.3,103.5")
+    return values
+
+
+def parse_hw(text: str) -> tuple[int, int]:
+    """`--resize 256,256` → (256, 256)."""
+    parts = text.replace("x", ",").split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"--resize {text!r}: write two positive sizes H,W such as 256,256")
+    return int(parts[0]), int(parts[1])
+
+
+def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The inputs of a shape-pinned model (initializers excluded)."""
+    initializers = {t.name for t in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        tt = vi.type.tensor_type
+        shape = tuple(int(d.dim_value) for d in tt.shape.dim)
+        specs.append(InputSpec(vi.name, shape, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))))
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Finding the sample files
+
+
+def list_samples(data: Sequence[str | Path], limit: int | None = None) -> list[Path]:
+    """The sample files named by `data` (folders, files, .txt lists), in order; at most `limit`."""
+    if not data:
+        raise UserError("no calibration data; pass --data FOLDER (images, .npy or .npz files)")
+    files: list[Path] = []
+    for entry in data:
+        files += _expand(Path(entry))
+    if limit is not None:
+        if limit < 1:
+            raise UserError(f"--samples {limit}: give a positive number of samples")
+        files = files[:limit]
+    return files
+
+
+def _expand(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_SUFFIXES)
+        if not found:
+            raise UserError(
+                f"calibration folder {path} has no {'/'.join(SAMPLE_SUFFIXES)} files; "
+                "put samples in it or point --data at the right folder"
+            )
+        return found
+    if not path.is_file():
+        raise UserError(f"calibration data {path} does not exist; check the --data path")
+    if path.suffix.lower() == LIST_SUFFIX:
+        return _read_list(path)
+    if path.suffix.lower() not in SAMPLE_SUFFIXES:
+        raise UserError(
+            f"calibration sample {path}: unknown file type {path.suffix!r}; use {', '.join(SAMPLE_SUFFIXES)} "
+            "or a .txt list"
+        )
+    return [path]
+
+
+def _read_list(path: Path) -> list[Path]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read sample list {path}: {exc}; pass a UTF-8 text file of paths") from None
+    files = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        item = (path.parent / line) if not Path(line).is_absolute() else Path(line)
+        if not item.is_file() or item.suffix.lower() not in SAMPLE_SUFFIXES:
+            raise UserError(
+                f"{path}:{lineno}: {line!r} is not a sample file ({'/'.join(SAMPLE_SUFFIXES)}); fix the list"
+            )
+        files.append(item)
+    if not files:
+        raise UserError(f"sample list {path} names no files; add one path per line")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading one sample
+
+
+def load_sample(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[str, np.ndarray]:
+    """One sample as the model's feed dict, each array exactly its input's shape and dtype."""
+    loader = LOADERS[path.suffix.lower()]
+    raw = loader(path, inputs, pre)
+    return {spec.name: _fit(raw[spec.name], spec, path) for spec in inputs}
+
+
+def iter_samples(files: Iterable[Path], inputs: Sequence[InputSpec], pre: Preprocess) -> Iterator[dict]:
+    """Load samples lazily, one at a time."""
+    for path in files:
+        yield load_sample(path, inputs, pre)
+
+
+def _fit(array: np.ndarray, spec: InputSpec, path: Path) -> np.ndarray:
+    shape = tuple(array.shape)
+    if shape != spec.shape and spec.shape[:1] == (1,) and shape == spec.shape[1:]:
+        array = array[None]  # a sample saved without its batch axis
+    if tuple(array.shape) != spec.shape:
+        raise UserError(
+            f"sample {path.name}: input '{spec.name}' has shape {_dims(shape)}, expected {_dims(spec.shape)}; "
+            "regenerate the sample or pin the model's shape with --input-shape"
+        )
+    if array.dtype.kind not in "biuf":
+        raise UserError(f"sample {path.name}: input '{spec.name}' has dtype {array.dtype}; save numbers")
+    return np.ascontiguousarray(array, dtype=spec.dtype)
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape) or "scalar"
+
+
+def _load_npy(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[str, np.ndarray]:
+    if len(inputs) != 1:
+        names = ", ".join(s.name for s in inputs)
+        raise UserError(
+            f"sample {path.name}: a .npy file holds one array but the model has {len(inputs)} inputs "
+            f"({names}); save each sample as .npz with those keys"
+        )
+    with _open(path) as f:
+        return {inputs[0].name: _read_array(f, path, path.name)}
+
+
+def _load_npz(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[str, np.ndarray]:
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise UserError(f"sample {path.name}: not a readable .npz ({exc}); re-save it with numpy.savez") from None
+    with archive:
+        members = {m.filename.removesuffix(".npy"): m for m in archive.infolist()}
+        wanted = [s.name for s in inputs]
+        if len(inputs) == 1 and wanted[0] not in members and len(members) == 1:
+            members = {wanted[0]: next(iter(members.values()))}  # a single unnamed array feeds a single input
+        missing = [n for n in wanted if n not in members]
+        if missing:
+            raise UserError(
+                f"sample {path.name}: no array for input(s) {', '.join(missing)} (keys: "
+                f"{', '.join(sorted(members)) or 'none'}); save the sample with the model's input names as keys"
+            )
+        out = {}
+        for name in wanted:
+            try:
+                with archive.open(members[name]) as f:
+                    out[name] = _read_array(f, path, f"{path.name}[{name}]")
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise UserError(f"sample {path.name}: member {name!r} is corrupt ({exc}); re-save it") from None
+        return out
+
+
+def _open(path: Path):
+    try:
+        return path.open("rb")
+    except OSError as exc:
+        raise UserError(f"cannot read sample {path}: {exc.strerror}; check the file") from None
+
+
+def _read_array(f, path: Path, where: str) -> np.ndarray:
+    """Read one .npy stream, checking its header (size, dtype, no pickles) before reading any data."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        header = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
+        if header is None:
+            raise ValueError(f"unsupported .npy version {version}")
+        shape, fortran, dtype = header(f)
+    except (ValueError, OSError, EOFError) as exc:
+        raise UserError(f"sample {where}: not a .npy array ({exc}); save it with numpy.save") from None
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise UserError(f"sample {where}: dtype {dtype} is not numeric; save float32 arrays")
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * dtype.itemsize > MAX_SAMPLE_BYTES:
+        raise UserError(f"sample {where}: shape {_dims(shape)} is too large for one sample; check the file")
+    data = f.read(count * dtype.itemsize)
+    if len(data) != count * dtype.itemsize:
+        raise UserError(f"sample {where}: truncated ({len(data)} of {count * dtype.itemsize} data bytes); re-save it")
+    array = np.frombuffer(data, dtype=dtype, count=count)
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def _load_image(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[str, np.ndarray]:
+    if len(inputs) != 1:
+        raise UserError(
+            f"sample {path.name}: a picture feeds one input but the model has {len(inputs)}; use .npz samples"
+        )
+    spec = inputs[0]
+    if len(spec.shape) != 4:
+        raise UserError(
+            f"sample {path.name}: input '{spec.name}' has shape {_dims(spec.shape)}, not a 4-D image "
+            "batch; use .npy/.npz samples"
+        )
+    return {spec.name: image_to_tensor(decode_image(path), spec, pre, path)}
+
+
+def decode_image(path: Path) -> np.ndarray:
+    """Decode a picture to HxWx3 RGB uint8 with Pillow."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise UserError(
+            f"sample {path.name}: reading pictures needs Pillow; `pip install pillow` or convert to .npy"
+        ) from None
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise UserError(
+            f"sample {path.name}: cannot decode picture ({str(exc).splitlines()[0][:120] if str(exc) else exc!r}); "
+            "replace or remove the file"
+        ) from None
+
+
+def image_to_tensor(rgb: np.ndarray, spec: InputSpec, pre: Preprocess, path: Path) -> np.ndarray:
+    """HxWx3 RGB picture → [1,C,H,W] or [1,H,W,C] tensor of `spec` per `pre`."""
+    c_axis, h_axis, w_axis = LAYOUT_AXES[pre.layout]
+    channels, height, width = spec.shape[c_axis], spec.shape[h_axis], spec.shape[w_axis]
+    rh, rw = pre.resize or (height, width)
+    if rh < height or rw < width:
+        raise UserError(f"--resize {rh},{rw} is smaller than the model's input {height}x{width}; resize larger")
+    img = resize_bilinear(rgb, rh, rw)
+    top, left = (rh - height) // 2, (rw - width) // 2
+    img = COLOR_ORDERS[pre.color](img[top : top + height, left : left + width])
+    if img.shape[2] != channels:
+        raise UserError(
+            f"sample {path.name}: --color {pre.color} gives {img.shape[2]} channel(s) but input '{spec.name}' "
+            f"({pre.layout}, {_dims(spec.shape)}) takes {channels}; fix --color or --layout"
+        )
+    for option, values in (("--mean", pre.mean), ("--scale", pre.scale)):
+        if len(values) not in (1, channels):
+            raise UserError(
+                f"{option} has {len(values)} values but the input has {channels} channels; give 1 or {channels}"
+            )
+    img = (img - np.asarray(pre.mean, np.float32)) * np.asarray(pre.scale, np.float32)
+    hwc_to = (2, 0, 1) if pre.layout == "nchw" else (0, 1, 2)
+    return np.ascontiguousarray(img.transpose(hwc_to)[None])
+
+
+def _axis_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # Half-pixel centres, edge-clamped: OpenCV's INTER_LINEAR, which tpu-mlir's preprocessing uses.
+    pos = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0.0, n_in - 1)
+    lo = np.floor(pos).astype(np.intp)
+    return lo, np.minimum(lo + 1, n_in - 1), (pos - lo).astype(np.float32)
+
+
+def resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize of an HxWxC picture to float32 `height` x `width` (a copy even when sizes match)."""
+    src = img.astype(np.float32)
+    if src.shape[:2] == (height, width):
+        return src
+    y0, y1, fy = _axis_taps(src.shape[0], height)
+    x0, x1, fx = _axis_taps(src.shape[1], width)
+    rows = src[y0] * (1 - fy[:, None, None]) + src[y1] * fy[:, None, None]
+    return rows[:, x0] * (1 - fx[None, :, None]) + rows[:, x1] * fx[None, :, None]
+
+
+COLOR_ORDERS: Mapping[str, Callable[[np.ndarray], np.ndarray]] = MappingProxyType(
+    {"rgb": lambda a: a, "bgr": lambda a: a[..., ::-1], "gray": lambda a: (a @ LUMA)[..., None]}
+)
+LAYOUT_AXES: Mapping[str, tuple[int, int, int]] = MappingProxyType({"nchw": (1, 2, 3), "nhwc": (3, 1, 2)})  # C,H,W
+LOADERS: Mapping[str, Callable[[Path, Sequence[InputSpec], Preprocess], dict[str, np.ndarray]]] = MappingProxyType(
+    {".npz": _load_npz, ".npy": _load_npy, **dict.fromkeys(IMAGE_SUFFIXES, _load_image)}
+)
+SAMPLE_SUFFIXES = tuple(LOADERS)
