@@ -1,0 +1,258 @@
+"""The DV700 layer table (`fpga_layer` entries and their conv commands) as records, with one field table per
+struct that drives the JSON twin (both ways) and the generated C++ comments.
+
+Field values are stored exactly as the C++ writes them (packed bit fields included); `pack2`/`pack4` and
+`unpack2`/`unpack4` convert between tuples and the packed forms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from npuc.compiler.errors import CorruptFileError
+
+LAYER_TYPES = ("LT_INPUT", "LT_CONV", "LT_FC", "LT_FLATTEN", "LT_CONCAT", "LT_COPY_CONCAT", "LT_SOFTMAX", "LT_CUSTOM")
+MAX_RUNS = 32
+
+# conv_enable / pool_enable / weight_fmt / actfunc codes (spec §1.3)
+CONV_OFF, CONV_ON, CONV_DEPTHWISE = 0, 1, 3
+POOL_OFF, POOL_MAX, POOL_AVG, POOL_UPSAMPLE = 0, 1, 2, 4
+WFMT_NONE, WFMT_FP16, WFMT_8BIT = 0, 1, 3
+ACT_NONE, ACT_TANH, ACT_LEAKY, ACT_SIGMOID, ACT_PRELU, ACT_ELU, ACT_RELU6 = range(7)
+ACT_NAMES = {0: "none", 1: "tanh", 2: "leaky_relu", 3: "sigmoid", 4: "prelu", 5: "elu", 6: "relu6"}
+
+
+def pack2(lo: int, hi: int) -> int:
+    """Two 8-bit fields: [7:0] = lo, [15:8] = hi (kernel w/h, strides x/y, dilation x/y, pool size)."""
+    return (int(lo) & 0xFF) | (int(hi) & 0xFF) << 8
+
+
+def unpack2(v: int) -> tuple[int, int]:
+    return v & 0xFF, (v >> 8) & 0xFF
+
+
+def pack4(left: int, right: int, top: int, bottom: int) -> int:
+    """Pads: left [7:0], right [15:8], top [23:16], bottom [31:24]."""
+    return (left & 0xFF) | (right & 0xFF) << 8 | (top & 0xFF) << 16 | (bottom & 0xFF) << 24
+
+
+def unpack4(v: int) -> tuple[int, int, int, int]:
+    return v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF, (v >> 24) & 0xFF
+
+
+def kernel_wh(p: int) -> tuple[int, int]:
+    """The `p` field: width [7:0], height [15:8], height 0 meaning square."""
+    w, h = unpack2(p)
+    return w, h or w
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    ctype: str
+    comment: str
+    hexed: bool = False  # written as 0x.. in C++ (packed fields)
+
+
+RUN_FIELDS: tuple[Field, ...] = (
+    Field("m", "uint16", "Output Channels"),
+    Field("conv_enable", "uint16", "0 = off, 1 = conv, 3 = depthwise"),
+    Field("p", "uint16", "Filter Width [7:0] and Height [15:8] (0 = square)", True),
+    Field("pz", "uint16", "Filter Depth"),
+    Field("weight_fmt", "uint16", "Weight format (0 = none, 1 = fp16 stream, 3 = 8-bit quantized stream)"),
+    Field("conv_pad", "uint32", "bits [7:0] = left, [15:8] = right, [23:16] = top, [31:24] = bottom padding", True),
+    Field("conv_stride", "uint16", "bits [7:0] = X stride, bits [15:8] = Y stride", True),
+    Field("conv_dilation", "uint16", "bits [7:0] = X dilation, bits [15:8] = Y dilation (0 = not dilated)", True),
+    Field("pool_enable", "uint16", "0 = disabled, 1 = max pooling, 2 = average pooling, 4 = upsampling"),
+    Field("pool_size", "uint16", "bits [7:0] = width, bits [15:8] = height", True),
+    Field("pool_stride", "uint16", "bits [7:0] = X stride, bits [15:8] = Y stride", True),
+    Field("pool_pad", "uint32", "bits [7:0] = left, [15:8] = right, [23:16] = top, [31:24] = bottom padding", True),
+    Field("pool_avg_param", "uint16", "FP16 multiplier of average pooling, usually 1/(kx*ky)", True),
+    Field("actfunc", "uint16", "0 = None, 1 = Tanh, 2 = Leaky ReLU, 3 = Sigmoid, 4 = PReLU, 5 = ELU, 6 = ReLU6"),
+    Field("actfunc_param", "uint16", "FP16 Leaky ReLU slope (0x2E66 = 0.1)", True),
+    Field("rectifi_en", "uint16", "abs(x) after the activation"),
+    Field("lrn", "uint16", "[0] LRN enable, [1] include power, [11:8] log2 x^2 scale", True),
+)
+
+CONV_FIELDS: tuple[Field, ...] = (
+    Field("topo", "uint32", "[31:0] Output Destination of each run, 0 = UBUF, 1 = EXTMEM", True),
+    Field("w", "uint16", "Input Width"),
+    Field("h", "uint16", "Input Height"),
+    Field("z", "uint16", "Input Depth"),
+    Field("c", "uint16", "Input Channels"),
+    Field("input_circular_offset", "uint16", "0x8000 = transposed weights", True),
+    Field("output_mode", "uint16", "0 = concat, 1 = eltwise add"),
+)
+
+_RANGES = {"uint16": 0xFFFF, "uint32": 0xFFFFFFFF}
+
+
+@dataclass
+class Run:
+    """One `dmp_dv_cmdraw_conv_v0_run`, plus the weight placement and the IR ops it came from."""
+
+    m: int
+    conv_enable: int = CONV_OFF
+    p: int = 1
+    pz: int = 1
+    weight_fmt: int = WFMT_NONE
+    conv_pad: int = 0
+    conv_stride: int = 0x101
+    conv_dilation: int = 0
+    pool_enable: int = POOL_OFF
+    pool_size: int = 0
+    pool_stride: int = 0x101
+    pool_pad: int = 0
+    pool_avg_param: int = 0
+    actfunc: int = ACT_NONE
+    actfunc_param: int = 0
+    rectifi_en: int = 0
+    lrn: int = 0
+    weight_offs: int = 0
+    weight_size: int = 0
+    ops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ConvConf:
+    """`dmp_dv_cmdraw_conv_v1` (u8→fp16 table, to_bgr) around `dmp_dv_cmdraw_conv_v0`."""
+
+    w: int
+    h: int
+    c: int
+    runs: list[Run]
+    topo: int = 1
+    z: int = 1
+    input_circular_offset: int = 0
+    output_mode: int = 0
+    eltwise_offs: int | None = None  # None: eltwise_buf.mem = NULL
+    u8tofp16_offs: int | None = None  # offset of the 6x256-byte table in the weights memory
+    to_bgr: int = 0
+
+
+@dataclass
+class Layer:
+    """One `fpga_layer` table entry."""
+
+    name: str
+    type: str
+    input_offs: int
+    output_offs: int
+    output_size: int
+    input_dim: list[int]
+    output_dim: list[int]
+    is_output: bool = False
+    is_f32_output: bool = False
+    is_input_hw_layout: bool = False
+    conv: ConvConf | None = None
+    softmax_axis: int | None = None
+    custom_type: str | None = None
+    custom_params: dict[str, Any] = field(default_factory=dict)
+    input_layers: list[int] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TensorBinding:
+    """How a graph input/output maps onto the io buffer.
+
+    layout: "whc8" (fp16 FPGA layout), "hwc" (row-major, CPU-layer output) or "u8" (uint8 WHC8 image for the
+    u8→fp16 table). view: how the graph tensor is laid out relative to (H, W, C): "nchw", "nhwc" or "flat" (then
+    `perm` lists, for each graph element, its position in the HWC-ordered buffer)."""
+
+    name: str
+    shape: list[int]
+    offs: int
+    dims: list[int]  # W, H, C
+    layout: str
+    dtype: str
+    view: str
+    perm: list[int] | None = None
+
+
+@dataclass
+class Network:
+    name: str
+    layers: list[Layer]
+    weights_size: int
+    io_size: int
+    inputs: list[TensorBinding]
+    outputs: list[TensorBinding]
+    weight_format: str  # "fp16" | "8bit"
+    input_convert: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSON twin: generic dataclass <-> dict driven by the field tables and dataclass fields
+# ---------------------------------------------------------------------------------------------------------
+
+FORMAT = "npuc-dmp-layers"
+VERSION = 1
+
+
+def _check_int(value: Any, where: str, limit: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise CorruptFileError(f"{where}: expected an integer in 0..{limit}, found {value!r}; regenerate the output")
+    return value
+
+
+def _load_record(cls: type, data: Any, where: str, tables: tuple[Field, ...] = ()) -> Any:
+    if not isinstance(data, dict):
+        raise CorruptFileError(f"{where}: expected an object; the layer table JSON is damaged, regenerate it")
+    limits = {f.name: _RANGES[f.ctype] for f in tables}
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if f.default is not MISSING or f.default_factory is not MISSING:  # optional fields
+                continue
+            raise CorruptFileError(f"{where}: missing field '{f.name}'; regenerate the output")
+        value = data[f.name]
+        if f.name in limits:
+            value = _check_int(value, f"{where}.{f.name}", limits[f.name])
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise CorruptFileError(f"{where}: {exc}; regenerate the output") from None
+
+
+def network_to_dict(net: Network) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"format": FORMAT, "version": VERSION, **asdict(net)}
+
+
+def network_from_dict(data: Any, where: str = "layers.json") -> Network:
+    """Rebuild a Network from its JSON twin, validating every field's type and range."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CorruptFileError(f"{where}: not an npuc DMP layer table (missing format '{FORMAT}')")
+    if data.get("version") != VERSION:
+        raise CorruptFileError(f"{where}: layer table version {data.get('version')!r}, this npuc reads {VERSION}")
+    layers = []
+    for i, raw in enumerate(_list(data.get("layers"), f"{where}.layers")):
+        layer = _load_record(Layer, raw, f"{where}: layer {i}")
+        if layer.type not in LAYER_TYPES:
+            raise CorruptFileError(f"{where}: layer {i} has unknown type {layer.type!r}")
+        if layer.conv is not None:
+            conv = _load_record(ConvConf, layer.conv, f"{where}: layer {i} conv", CONV_FIELDS)
+            runs = _list(conv.runs, f"{where}: layer {i} runs")
+            if not 1 <= len(runs) <= MAX_RUNS:
+                raise CorruptFileError(f"{where}: layer {i} has {len(runs)} runs; DV700 allows 1..{MAX_RUNS}")
+            conv.runs = [_load_record(Run, r, f"{where}: layer {i} run {j}", RUN_FIELDS) for j, r in enumerate(runs)]
+            layer.conv = conv
+        for key in ("input_offs", "output_offs", "output_size"):
+            _check_int(getattr(layer, key), f"{where}: layer {i} {key}", 1 << 40)
+        layers.append(layer)
+    net = _load_record(Network, {**data, "layers": layers}, where)
+    net.inputs = [_load_record(TensorBinding, b, f"{where}: input {k}") for k, b in enumerate(_list(net.inputs, where))]
+    net.outputs = [
+        _load_record(TensorBinding, b, f"{where}: output {k}") for k, b in enumerate(_list(net.outputs, where))
+    ]
+    return net
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise CorruptFileError(f"{where}: expected a list; the layer table JSON is damaged, regenerate it")
+    return value
