@@ -1,0 +1,120 @@
+"""Delegate mode: hand the model to Lynxi's own compiler.
+
+The output folder receives `model.onnx` (the input model with its shapes pinned and the frontend's ONNX-level
+clean-up applied: constants folded, Identity/Dropout removed, nodes sorted) and `build_lyngor.py`, rendered from
+templates/lyngor/build_lyngor.py.j2, which calls `lyn.DLModel().load(...)` and `lyn.Builder(target="apu")
+.build(...)` with the same input names, shapes, dtypes and transposes as a native npuc build. When `lyngor` is
+importable here, the script runs (out_path = the output folder) and the vendor's tree is checked with
+`manifest.read_tree` before the folder is moved into place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import onnx
+from npuc.compiler import interp
+from npuc.compiler.errors import UserError
+from npuc.compiler.targets import BuildRequest, BuildResult
+
+from .build import NHWC_TO_NCHW, write_tree_atomic
+from .manifest import read_tree
+from .options import LyngorOptions
+
+MODEL_FILE = "model.onnx"
+SCRIPT_FILE = "build_lyngor.py"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+# fed layout -> layout of the ONNX model's input: the vendor's transpose_axis
+_TRANSPOSE = {("nhwc", "nchw"): NHWC_TO_NCHW, ("nchw", "nhwc"): (0, 2, 3, 1)}
+
+
+def pinned_model(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> bytes:
+    """The request's ONNX model with `shapes` pinned and the frontend's ONNX clean-up applied, serialized."""
+    from npuc.frontends.onnx import load_model, pin_input_shapes, simplify
+
+    model = load_model(request.model_path)
+    pin_input_shapes(model, shapes)
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as exc:  # onnx raises several types for inconsistent models
+        raise UserError(
+            f"{request.model_path}: shape inference failed ({str(exc)[:80]}); check --input-shape"
+        ) from None
+    return simplify(model).SerializeToString(deterministic=True)
+
+
+def render_script(
+    inputs: list[tuple[str, tuple[int, ...]]],
+    in_types: list[str],
+    out_type: str,
+    transposes: list[tuple[int, ...] | None],
+    run_batch: int = 1,
+) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    in_type = json.dumps(in_types[0] if len(set(in_types)) == 1 else in_types)  # one string, or one per input
+    transpose_axis = None
+    if any(transposes):
+        transpose_axis = repr([t or tuple(range(len(shape))) for t, (_, shape) in zip(transposes, inputs)])
+    return env.get_template("lyngor/build_lyngor.py.j2").render(
+        model_file=MODEL_FILE,
+        inputs=[(name, repr(tuple(shape))) for name, shape in inputs],
+        in_type=in_type,
+        out_type=out_type,
+        transpose_axis=transpose_axis,
+        build_mode="abc",
+        run_batch=run_batch,
+    )
+
+
+def _run_vendor(folder: Path) -> None:
+    spec = importlib.util.find_spec("lyngor")
+    assert spec is not None
+    env = dict(os.environ)
+    if spec.submodule_search_locations:
+        location = Path(next(iter(spec.submodule_search_locations))).parent
+    else:
+        location = Path(spec.origin or ".").parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(location), env.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, str(folder / SCRIPT_FILE), str(folder)], cwd=folder, env=env, capture_output=True, text=True
+    )
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"the vendor's Lyngor build failed (exit {proc.returncode}): {last}; see {SCRIPT_FILE}")
+    read_tree(folder)  # the vendor's tree must have the documented manifests
+
+
+def build_delegate(request: BuildRequest, opts: LyngorOptions) -> BuildResult:
+    graph = request.graph
+    if len(opts.input_shapes_list) > 1:
+        raise UserError(
+            "delegate mode builds one input-shape set; give one --input-shape set per delegate build, or drop "
+            "--delegate to build a multi-resolution npuc tree"
+        )
+    shapes = opts.input_shapes_list[0] if opts.input_shapes_list else {}
+    shapes = {n: tuple(shapes.get(n, interp.external_shape(graph, n))) for n in graph.inputs}
+    model_layouts = {n: graph.input_layouts.get(n, "nchw") for n in graph.inputs}
+    transposes = [_TRANSPOSE.get((opts.input_layout[n], model_layouts[n])) for n in graph.inputs]
+    script = render_script(
+        [(n, shapes[n]) for n in graph.inputs],
+        [opts.input_dtype[n] for n in graph.inputs],
+        opts.output_dtype,
+        transposes,
+        opts.run_batch,
+    )
+    files = {MODEL_FILE: pinned_model(request, shapes), SCRIPT_FILE: script.encode()}
+    vendor = importlib.util.find_spec("lyngor") is not None
+    write_tree_atomic(request.output, files, _run_vendor if vendor else None)
+    summary = {"target": "lyngor", "delegate": True, "vendor_built": vendor}
+    return BuildResult([Path(request.output)], summary)
