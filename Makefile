@@ -14,17 +14,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# A real end-to-end run on a bundled model: build it, then show what was made.
+# A real end-to-end run on a bundled model: generate it, inspect it, compile it for two targets and run
+# each artifact on npuc's simulator from its bytes, next to the float reference.
 demo: $(STAMP)
-	$(BIN)/python -m npuc.models.make_models $(OUT)/models
+	$(BIN)/python -m npuc.models.make_models $(OUT)/models tinycnn
 	$(BIN)/npuc inspect $(OUT)/models/tinycnn.onnx
-	$(BIN)/npuc run $(OUT)/models/tinycnn.onnx --random-input -o $(OUT)/tinycnn_out.npz
+	$(BIN)/npuc run $(OUT)/models/tinycnn.onnx --random-input -o $(OUT)/tinycnn_float.npz
+	$(BIN)/npuc build $(OUT)/models/tinycnn.onnx --target lyngor -o $(OUT)/tinycnn_lyngor
+	$(BIN)/npuc run $(OUT)/tinycnn_lyngor --random-input -o $(OUT)/tinycnn_lyngor.npz
+	$(BIN)/npuc build $(OUT)/models/tinycnn.onnx --target dmp -o $(OUT)/tinycnn_dmp
+	$(BIN)/npuc run $(OUT)/tinycnn_dmp --random-input -o $(OUT)/tinycnn_dmp.npz
+	$(BIN)/npuc inspect $(OUT)/tinycnn_dmp
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/frontend.py
+	$(BIN)/python bench/calibrate.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,48 @@
+"""Frontend benchmark: import + canonicalize time and peak memory per real model.
+
+Each model runs in a fresh child process so its peak RSS is its own. Run: `make bench` or
+`python bench/frontend.py [NAME...]`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+MODELS = ["pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny"]
+
+_CHILD = """
+import json, resource, sys, time
+from npuc.models.fetch import fetch_model, get_model
+from npuc.frontends.onnx import import_onnx
+from npuc.passes.canonicalize import canonicalize
+name = sys.argv[1]
+path, spec = fetch_model(name), get_model(name)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+graph = import_onnx(path, {spec.input_name: spec.input_shape})
+t1 = time.perf_counter()
+canonicalize(graph)
+t2 = time.perf_counter()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"name": name, "import_s": t1 - t0, "canon_s": t2 - t1, "ops": len(graph.ops),
+                  "peak_mb": peak / 1024, "delta_mb": (peak - base) / 1024, "bytes": path.stat().st_size}))
+"""
+
+
+def main(names: list[str]) -> None:
+    print(f"{'model':<22} {'size MB':>8} {'import s':>9} {'canon s':>8} {'IR ops':>7} {'peak RSS MB':>12}")
+    for name in names:
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", _CHILD, name], capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"{r['name']:<22} {r['bytes'] / 1e6:>8.2f} {r['import_s']:>9.3f} {r['canon_s']:>8.3f} "
+            f"{r['ops']:>7} {r['peak_mb']:>12.1f}   (process {time.perf_counter() - start:.1f} s)"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or MODELS)
