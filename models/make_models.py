@@ -22,9 +22,7 @@ FAMILY_SHAPE = (1, 8, 16, 16)  # the input of every per-op-family model unless i
 Builder = Callable[[NetBuilder], onnx.ModelProto]
 
 
-def _single(
-    b: NetBuilder, out: str, shape: tuple[int, ...] = FAMILY_SHAPE, opset: int = 13
-) -> onnx.ModelProto:
+def _single(b: NetBuilder, out: str, shape: tuple[int, ...] = FAMILY_SHAPE, opset: int = 13) -> onnx.ModelProto:
     return b.build({"input": shape}, {"output": out}, opset=opset)
 
 

@@ -89,9 +89,7 @@ class NetBuilder:
         b = self.const("fc_b", self.normal((cout,), 0.1))
         return self.op("Gemm", x, w, b, transB=1)
 
-    def build(
-        self, inputs: dict[str, tuple[int, ...]], outputs: dict[str, str], opset: int = OPSET
-    ) -> onnx.ModelProto:
+    def build(self, inputs: dict[str, tuple[int, ...]], outputs: dict[str, str], opset: int = OPSET) -> onnx.ModelProto:
         """Finish: rename the listed tensors to the public output names and wrap in a model."""
         renames = {inner: public for public, inner in outputs.items()}
         for node in self.nodes:
@@ -116,7 +114,5 @@ class NetBuilder:
         for out in inferred.graph.output:
             dims = out.type.tensor_type.shape.dim
             if not dims or not all(d.HasField("dim_value") for d in dims):
-                raise ValueError(
-                    f"{self.name}: shape inference left output {out.name} without a static shape"
-                )
+                raise ValueError(f"{self.name}: shape inference left output {out.name} without a static shape")
         return inferred

@@ -115,9 +115,7 @@ def default_generated_time(environ: Mapping[str, str] = os.environ) -> str:
     try:
         stamp = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
     except (ValueError, OverflowError, OSError):
-        raise UserError(
-            f"SOURCE_DATE_EPOCH={epoch!r} is not a Unix timestamp; set it to integer seconds"
-        ) from None
+        raise UserError(f"SOURCE_DATE_EPOCH={epoch!r} is not a Unix timestamp; set it to integer seconds") from None
     return stamp.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -298,9 +296,7 @@ def read_table(path: str | Path) -> CalibrationTable:
     except OSError as exc:
         raise UserError(f"cannot read calibration table {path}: {exc.strerror}; check the path") from None
     except UnicodeDecodeError as exc:
-        raise UserError(
-            f"{path}: byte {exc.start} is not UTF-8 text; pass a tpu-mlir calibration table"
-        ) from None
+        raise UserError(f"{path}: byte {exc.start} is not UTF-8 text; pass a tpu-mlir calibration table") from None
     return parse_table(text, str(path))
 
 

@@ -207,9 +207,7 @@ def cv18xx_quantize_conv(
     return ConvQuantParams(w_q, b_q, multiplier, rshift, np.where(qscale >= 1.0, 0.999999, qscale))
 
 
-def cv18xx_per_tensor_multiplier(
-    qscale: np.ndarray, max_multiplier: int = 127
-) -> tuple[np.ndarray, np.ndarray]:
+def cv18xx_per_tensor_multiplier(qscale: np.ndarray, max_multiplier: int = 127) -> tuple[np.ndarray, np.ndarray]:
     """Non-QDM (eltwise/pool/concat/FC) multiplier and rshift: smallest r with `qscale·2^(r+1) >= max`.
 
     `multiplier = trunc(qscale·2^r)`; qscale > max -> (max, 0); no r in 0..62 -> (0, 0).
@@ -367,8 +365,7 @@ def bm1880_scale_shift(value: np.ndarray, what: str = "bm1880 scale") -> tuple[n
     v = np.asarray(value, dtype=np.float64)
     if np.any(np.abs(v) >= 128.0):
         raise UserError(
-            f"{what}: scaled value {np.abs(v).max():.6g} >= 128 cannot use a right shift; "
-            "raise the output threshold"
+            f"{what}: scaled value {np.abs(v).max():.6g} >= 128 cannot use a right shift; raise the output threshold"
         )
     r = np.arange(32, dtype=np.int64)
     ok = np.abs(v)[..., None] * np.ldexp(1.0, r.astype(np.int32)) >= BM1880_TARGET
@@ -414,9 +411,7 @@ def bm1880_requant_multiplier(threshold_x: float, threshold_y: float) -> tuple[i
     r = np.arange(32)
     ok = np.ldexp(1.0, (r + 1).astype(np.int32)) >= 256.0 * ty / tx
     if not ok.any():
-        raise UserError(
-            f"bm1880 requant {tx} -> {ty}: ratio too small for an 8-bit multiplier; check the thresholds"
-        )
+        raise UserError(f"bm1880 requant {tx} -> {ty}: ratio too small for an 8-bit multiplier; check the thresholds")
     rshift = int(ok.argmax())
     m = int(min(round_half_up(tx / ty * np.ldexp(1.0, rshift)), 255))
     return m, rshift

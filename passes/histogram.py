@@ -68,9 +68,7 @@ class CalibrationStats:
 
     def __post_init__(self) -> None:
         if not 128 <= self.bins <= MAX_BINS:
-            raise UserError(
-                f"histogram bins {self.bins} out of range; use 128..{MAX_BINS} (tpu-mlir uses 2048)"
-            )
+            raise UserError(f"histogram bins {self.bins} out of range; use 128..{MAX_BINS} (tpu-mlir uses 2048)")
 
     def observe_range(self, name: str, x: np.ndarray) -> None:
         """Pass 1: fold one sample of tensor `name` into its min / max / counts."""
@@ -104,9 +102,7 @@ class CalibrationStats:
     def merge(self, other: CalibrationStats) -> CalibrationStats:
         """Combine two shards (same phase); the result is exactly what one run over both would give."""
         if other.bins != self.bins:
-            raise UserError(
-                f"cannot merge statistics with {self.bins} and {other.bins} bins; use the same bin count"
-            )
+            raise UserError(f"cannot merge statistics with {self.bins} and {other.bins} bins; use the same bin count")
         merged = self.copy().tensors
         for name, st in other.tensors.items():
             merged[name] = _merge_tensor(name, merged[name], st) if name in merged else _copy_tensor(st)
@@ -292,9 +288,7 @@ def compute_threshold(st: TensorStats, method: str = "kl", **params: float) -> f
     return max(th, MIN_THRESHOLD)
 
 
-def table_rows(
-    stats: CalibrationStats, method: str = "kl", **params: float
-) -> dict[str, tuple[float, float, float]]:
+def table_rows(stats: CalibrationStats, method: str = "kl", **params: float) -> dict[str, tuple[float, float, float]]:
     """name -> (threshold, min, max) for a cali_table; all-zero tensors get tpu-mlir's ±1e-5 range."""
     rows = {}
     for name, st in stats.tensors.items():
@@ -381,9 +375,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
                 arr = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
                 arrays[info.filename[:-4]] = arr.copy()
     except (zipfile.BadZipFile, ValueError, EOFError, TypeError) as exc:
-        raise UserError(
-            f"{path}: not a npuc statistics .npz ({exc}); pass a file written by npuc calibrate"
-        ) from None
+        raise UserError(f"{path}: not a npuc statistics .npz ({exc}); pass a file written by npuc calibrate") from None
     except OSError as exc:
         raise UserError(f"cannot read statistics {path}: {exc}; check the path") from None
     return arrays

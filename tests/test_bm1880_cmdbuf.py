@@ -138,15 +138,9 @@ def test_disassemble_lines():
     model, programs = decoded("mtcnn_det1_1_3_12_12_json.bmodel")
     lines = disassemble(model.commands[0].cmdbuf).splitlines()
     assert len(lines) == 38
-    assert lines[0].startswith(
-        "000000  GDMA S2L        id=1 wait_bd=0 weight+0x10E 2x10x1x1 -> lmem:0x75 10x1x1 |"
-    )
-    assert lines[3].startswith(
-        "0000D8  BD   conv       id=1 wait_gdma=3 res0=1x10x10x10@0x110 opd0=1x3x12x12@0x80"
-    )
-    assert lines[-1].startswith(
-        "000E88  GDMA L2S        id=16 wait_bd=22 lmem:0x0 1x4x1x1 -> neuron+0x1B0 4x1x1"
-    )
+    assert lines[0].startswith("000000  GDMA S2L        id=1 wait_bd=0 weight+0x10E 2x10x1x1 -> lmem:0x75 10x1x1 |")
+    assert lines[3].startswith("0000D8  BD   conv       id=1 wait_gdma=3 res0=1x10x10x10@0x110 opd0=1x3x12x12@0x80")
+    assert lines[-1].startswith("000E88  GDMA L2S        id=16 wait_bd=22 lmem:0x0 1x4x1x1 -> neuron+0x1B0 4x1x1")
 
 
 def test_make_instruction_and_cpu_payload():

@@ -77,9 +77,7 @@ def test_legacy_json_container():
     assert [len(w) for w in model.weights] == [6696]
     (command,) = model.commands
     assert (command.neuron_size, len(command.cmdbuf)) == (438, 3792)
-    assert command.inputs == (
-        TensorInfo("", (1, 3, 12, 12), 0, 255.12457275390625, None, frozenset({"threshold"})),
-    )
+    assert command.inputs == (TensorInfo("", (1, 3, 12, 12), 0, 255.12457275390625, None, frozenset({"threshold"})),)
     assert [(o.name, o.shape, o.offset, o.threshold) for o in command.outputs] == [
         ("conv4-2", (1, 4, 1, 1), 432, 16.644227981567383),
         ("conv4-1", (1, 2, 1, 1), 436, 206.83676147460938),
@@ -199,14 +197,10 @@ def test_describe_bmodel():
     assert lines[0] == "net 'PNet'  chip 1880  fmt 4  node_num 1  type 'A'  version '2.1'"
     assert lines[1] == "container: protobuf + weight area (magic 0xFF55AADD)"
     assert lines[2:5] == ["weight blobs: 1", "    blob 0: 6696 B", "commands: 11"]
-    assert lines[5] == (
-        "  command 0: input 1x3x12x12  neuron_size 438  weight blob 0  cmdbuf 3792 B (22 BD, 16 GDMA)"
-    )
+    assert lines[5] == ("  command 0: input 1x3x12x12  neuron_size 438  weight blob 0  cmdbuf 3792 B (22 BD, 16 GDMA)")
     assert lines[6] == "    input  #0: shape 1x3x12x12 offset 0 (432 B) threshold 0.99658"
     assert lines[7] == "    output conv4-2: shape 1x4x1x1 offset 432 (4 B) threshold 0.581674"
     assert len(lines) == 5 + 11 * 4
     with_disasm = describe_bmodel(load_bmodel(JSON_DET1), disasm=True).splitlines()
     assert len(with_disasm) == 5 + 4 + 38
-    assert with_disasm[9].startswith(
-        "      000000  GDMA S2L        id=1 wait_bd=0 weight+0x10E 2x10x1x1 -> lmem:0x75"
-    )
+    assert with_disasm[9].startswith("      000000  GDMA S2L        id=1 wait_bd=0 weight+0x10E 2x10x1x1 -> lmem:0x75")

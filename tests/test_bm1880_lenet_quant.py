@@ -53,9 +53,7 @@ WEIGHT_LAYERS = {"conv1": "data", "conv2": "pool1", "ip1": "pool2", "ip2": "cust
 @pytest.fixture(scope="module")
 def calibration():
     schema = load_proto_text(CALIBRATION_SCHEMA, "bmnet_calibration.proto")
-    msg = text_format.Parse(
-        (GOLDEN / "bmnet_lenet_calibration.prototxt").read_text(), schema.NetCalibrationParameter()
-    )
+    msg = text_format.Parse((GOLDEN / "bmnet_lenet_calibration.prototxt").read_text(), schema.NetCalibrationParameter())
     binary = schema.NetCalibrationParameter()
     binary.ParseFromString((GOLDEN / "bmnet_lenet_calibration.pb2").read_bytes())
     assert binary == msg  # the text and binary tables agree
@@ -73,9 +71,7 @@ def vendor_int8():
     caffe = load_proto(ROOT / "frontends" / "caffe.proto")
     net = caffe.NetParameter()
     net.ParseFromString((GOLDEN / "lenet_int8_vendor.caffemodel").read_bytes())
-    return {
-        layer.name: [np.asarray(blob.data, dtype=np.float32) for blob in layer.blobs] for layer in net.layer
-    }
+    return {layer.name: [np.asarray(blob.data, dtype=np.float32) for blob in layer.blobs] for layer in net.layer}
 
 
 def _threshold(calibration, name: str) -> np.float32:
@@ -86,9 +82,7 @@ def _threshold(calibration, name: str) -> np.float32:
 def test_weights_and_biases_match_vendor(calibration, float_weights, vendor_int8, layer, rshift):
     w = float_weights[f"{layer}_w_0"]
     b = float_weights[f"{layer}_b_0"]
-    q = fp.bm1880_quantize_layer(
-        w, b, _threshold(calibration, WEIGHT_LAYERS[layer]), _threshold(calibration, layer)
-    )
+    q = fp.bm1880_quantize_layer(w, b, _threshold(calibration, WEIGHT_LAYERS[layer]), _threshold(calibration, layer))
     vendor_w, vendor_b = vendor_int8[layer]
     assert q.rshift == rshift == calibration[layer].right_shift_width
     assert vendor_w.size == w.size and vendor_b.size == b.size
@@ -114,9 +108,7 @@ def test_total_counts(calibration, float_weights, vendor_int8):
     assert (n_w, n_b, int(mismatches)) == (430_500, 580, 0)
 
 
-@pytest.mark.parametrize(
-    "pool, src, multiplier, rshift", [("pool1", "conv1", 160, 8), ("pool2", "conv2", 135, 7)]
-)
+@pytest.mark.parametrize("pool, src, multiplier, rshift", [("pool1", "conv1", 160, 8), ("pool2", "conv2", 135, 7)])
 def test_pool_multipliers_match_table(calibration, pool, src, multiplier, rshift):
     got = fp.bm1880_requant_multiplier(_threshold(calibration, src), _threshold(calibration, pool))
     assert got == (multiplier, rshift)
@@ -133,9 +125,7 @@ def test_leaky_relu_scales_match_table(calibration):
 
 
 def test_plain_text_table_agrees(calibration):
-    rows = [
-        line.split() for line in (GOLDEN / "bmnet_lenet_calibration").read_text().splitlines() if line.strip()
-    ]
+    rows = [line.split() for line in (GOLDEN / "bmnet_lenet_calibration").read_text().splitlines() if line.strip()]
     assert len(rows) == 9
     for name, threshold, rshift in rows:
         assert np.float32(threshold) == _threshold(calibration, name)

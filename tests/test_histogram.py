@@ -66,9 +66,7 @@ def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
 def test_shard_order_does_not_matter():
     samples = _samples()
     ranges = _run(samples[6:], phase="range").merge(_run(samples[:6], phase="range"))
-    assert hg.table_rows(_run(samples[::-1], ranges.freeze(), phase="hist"), "kl") == hg.table_rows(
-        _run(samples), "kl"
-    )
+    assert hg.table_rows(_run(samples[::-1], ranges.freeze(), phase="hist"), "kl") == hg.table_rows(_run(samples), "kl")
 
 
 def test_histogram_matches_tpu_mlir_binning():
@@ -174,9 +172,7 @@ def test_degenerate_tensors_and_table_rows():
     assert rows["zero"] == (1e-5, 0.0, 1e-5)
     assert rows["relu"] == (3.0, 0.0, 3.0)
     table = ct.table_from_rows(rows, method="kl", sample_number=2)
-    assert ct.format_table(table).endswith(
-        "zero 0.0000100 0.0000000 0.0000100\nrelu 3.0000000 0.0000000 3.0000000\n"
-    )
+    assert ct.format_table(table).endswith("zero 0.0000100 0.0000000 0.0000100\nrelu 3.0000000 0.0000000 3.0000000\n")
 
 
 def test_golden_smallcnn_input_statistics():

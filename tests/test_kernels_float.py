@@ -47,10 +47,7 @@ def onnx_outputs(
     graph = helper.make_graph(
         nodes,
         "g",
-        [
-            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-            for k, v in feeds.items()
-        ],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()],
         [helper.make_tensor_value_info(name, elem, None) for name in outputs],
         [numpy_helper.from_array(v, k) for k, v in consts.items()],
     )
@@ -169,9 +166,7 @@ def test_activation(act: O.Activation, nodes, consts) -> None:
 
 def test_relu_and_clip_keep_integer_dtype() -> None:
     x = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
-    assert_close(
-        ir_outputs("activation", O.ActivationOp(O.Activation("relu")), {"x": x})[0], np.maximum(x, 0)
-    )
+    assert_close(ir_outputs("activation", O.ActivationOp(O.Activation("relu")), {"x": x})[0], np.maximum(x, 0))
     got = ir_outputs("activation", O.ActivationOp(O.Activation("clip", lo=-2.5, hi=3.0)), {"x": x})[0]
     want = onnx_outputs(
         [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])],
@@ -221,9 +216,7 @@ def test_conv2d_fused_activation() -> None:
     ]
     bounds = {"lo": np.array(0, np.float32), "hi": np.array(1, np.float32)}
     want = onnx_outputs(nodes, {"x": x}, {**consts, **bounds})[0]
-    got = ir_outputs(
-        "conv2d", O.Conv2d(pads=(1, 1, 1, 1), act=O.Activation("clip", lo=0, hi=1)), {"x": x}, consts
-    )
+    got = ir_outputs("conv2d", O.Conv2d(pads=(1, 1, 1, 1), act=O.Activation("clip", lo=0, hi=1)), {"x": x}, consts)
     assert_close(got[0], want)
     assert got[0].min() == 0.0 and got[0].max() == 1.0
 
@@ -271,9 +264,7 @@ POOL_CASES = [
 def test_max_pool(case) -> None:
     k, s, p, d, ceil = case
     x = rand(2, 3, 9, 8)
-    node = helper.make_node(
-        "MaxPool", ["x"], ["y"], kernel_shape=k, strides=s, pads=p, dilations=d, ceil_mode=ceil
-    )
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=k, strides=s, pads=p, dilations=d, ceil_mode=ceil)
     want = onnx_outputs([node], {"x": x})[0]
     got = ir_outputs("pool2d", O.Pool2d("max", k, s, p, d, ceil), {"x": x})[0]
     assert_close(got, want, rtol=0)
@@ -613,9 +604,7 @@ def test_resize_linear_cubic(coord: str, mode: str, target) -> None:
 @pytest.mark.parametrize("a,exclude", [(-0.5, 0), (-0.5, 1), (-0.75, 1)])
 @pytest.mark.parametrize("target", RESIZE_TARGETS[:3], ids=str)
 def test_resize_cubic_coeff_exclude_outside(a: float, exclude: int, target) -> None:
-    got, want = resize_pair(
-        rand(1, 2, 5, 6), "cubic", "half_pixel", cubic_coeff_a=a, exclude_outside=exclude, **target
-    )
+    got, want = resize_pair(rand(1, 2, 5, 6), "cubic", "half_pixel", cubic_coeff_a=a, exclude_outside=exclude, **target)
     assert_close(got, want)
 
 
@@ -623,9 +612,7 @@ def test_resize_cubic_coeff_exclude_outside(a: float, exclude: int, target) -> N
 @pytest.mark.parametrize("target", [{"sizes": [1, 2, 4, 5]}, {"scales": [1, 1, 0.8, 1.5]}], ids=str)
 def test_resize_tf_crop_and_resize_extrapolates(mode: str, target) -> None:
     roi = [0, 0, 0.2, -0.3, 1, 1, 0.9, 1.4]
-    got, want = resize_pair(
-        rand(1, 2, 5, 6), mode, "tf_crop_and_resize", roi=roi, extrapolation_value=-7.0, **target
-    )
+    got, want = resize_pair(rand(1, 2, 5, 6), mode, "tf_crop_and_resize", roi=roi, extrapolation_value=-7.0, **target)
     assert_close(got, want)
     assert np.sum(got == -7.0) > 0  # the roi reaches outside the image
 
@@ -638,9 +625,7 @@ def test_resize_tf_crop_and_resize_extrapolates(mode: str, target) -> None:
 )
 def test_resize_antialias(mode: str, exclude: int, engine: str, target) -> None:
     x = rand(1, 2, 9, 11)
-    got, want = resize_pair(
-        x, mode, "half_pixel", antialias=1, exclude_outside=exclude, engine=engine, **target
-    )
+    got, want = resize_pair(x, mode, "half_pixel", antialias=1, exclude_outside=exclude, engine=engine, **target)
     assert_close(got, want)
 
 
@@ -676,9 +661,7 @@ def test_run_returns_outputs_and_keep_all_returns_intermediates() -> None:
     x = rand(1, 2, 4, 4)
     out = run(g, {"x": x})
     assert sorted(out) == ["k", "y"]
-    expected = np.maximum(x.sum(axis=1, keepdims=True) * 0.5, 0) + np.arange(3, dtype=np.float32).reshape(
-        1, 3, 1, 1
-    )
+    expected = np.maximum(x.sum(axis=1, keepdims=True) * 0.5, 0) + np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1)
     np.testing.assert_allclose(out["y"], expected, rtol=1e-6)
     np.testing.assert_array_equal(out["k"], [[[[0]], [[1]], [[2]]]])
     everything = run(g, {"x": x}, keep_all=True)

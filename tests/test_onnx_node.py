@@ -114,11 +114,7 @@ def _bake_const_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> 
 
 def _feeds(case, data_set) -> dict[str, np.ndarray]:
     inputs, _ = data_set
-    names = [
-        vi.name
-        for vi in case.model.graph.input
-        if vi.name not in {t.name for t in case.model.graph.initializer}
-    ]
+    names = [vi.name for vi in case.model.graph.input if vi.name not in {t.name for t in case.model.graph.initializer}]
     return {name: _array(value) for name, value in zip(names, inputs, strict=False)}
 
 

@@ -86,9 +86,7 @@ def test_wire_format_packed_and_roundtrip(ns):
 
 
 def test_text_format(ns):
-    msg = text_format.Parse(
-        'u: 3 kind: A inner { v: 4 f: 1.5 } m { key: "k" value: 9 } top: T1 ob: "z"', ns.Outer()
-    )
+    msg = text_format.Parse('u: 3 kind: A inner { v: 4 f: 1.5 } m { key: "k" value: 9 } top: T1 ob: "z"', ns.Outer())
     assert msg.u == 3 and msg.kind == 0 and msg.inner[0].v == 4 and list(msg.inner[0].f) == [1.5]
     assert dict(msg.m) == {"k": 9} and msg.top == 5 and msg.WhichOneof("o") == "ob"
     again = text_format.Parse(text_format.MessageToString(msg), ns.Outer())
@@ -101,9 +99,7 @@ def test_required_field_checked(ns):
 
 
 def test_imports(tmp_path):
-    (tmp_path / "base.proto").write_text(
-        "package b; message Shape { repeated uint32 dim = 1 [packed=true]; }"
-    )
+    (tmp_path / "base.proto").write_text("package b; message Shape { repeated uint32 dim = 1 [packed=true]; }")
     (tmp_path / "top.proto").write_text(
         'import "base.proto"; package t; message Blob { optional b.Shape shape = 1; optional string n = 2; }'
     )

@@ -38,9 +38,7 @@ def new_calibration(name: str = ""):
 def _check_complete(msg, source: str):
     if not msg.IsInitialized():
         missing = ", ".join(msg.FindInitializationErrors()[:3])
-        raise CorruptFileError(
-            f"{source}: calibration table lacks required fields ({missing}); regenerate the table"
-        )
+        raise CorruptFileError(f"{source}: calibration table lacks required fields ({missing}); regenerate the table")
     return msg
 
 
@@ -50,8 +48,7 @@ def parse_calibration_binary(data: bytes, source: str = "<ctable>"):
         msg = calibration_schema().NetCalibrationParameter.FromString(bytes(data))
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise CorruptFileError(
-            f"{source}: not a binary BMNet calibration table ({exc}); "
-            "pass the .pb2 file or use the text format"
+            f"{source}: not a binary BMNet calibration table ({exc}); pass the .pb2 file or use the text format"
         ) from None
     return _check_complete(msg, source)
 
@@ -140,8 +137,7 @@ def parse_plain_table(text: str, source: str = "<table>") -> list[PlainTableEntr
                 raise ValueError
         except ValueError:
             raise CorruptFileError(
-                f"{source}:{number}: expected 'name threshold rshift', got {line.strip()!r}; "
-                "fix the table line"
+                f"{source}:{number}: expected 'name threshold rshift', got {line.strip()!r}; fix the table line"
             ) from None
         entries.append(entry)
     return entries

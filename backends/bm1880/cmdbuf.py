@@ -66,8 +66,7 @@ def decode_cmdbuf(cmdbuf: bytes, source: str = "cmdbuf") -> list[Instruction]:
     while pos < len(cmdbuf):
         if pos + isa.CMD_HDR_SIZE > len(cmdbuf):
             raise CorruptFileError(
-                f"{source}: offset {pos}: truncated command header "
-                f"({len(cmdbuf) - pos} of {isa.CMD_HDR_SIZE} bytes)"
+                f"{source}: offset {pos}: truncated command header ({len(cmdbuf) - pos} of {isa.CMD_HDR_SIZE} bytes)"
             )
         header = isa.CMD_HDR.decode(cmdbuf[pos : pos + isa.CMD_HDR_SIZE])
         if header["magic"] != isa.CMD_HDR_MAGIC:

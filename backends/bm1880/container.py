@@ -97,9 +97,7 @@ class BModel:
             if command.inputs and command.inputs[0].shape == tuple(shape):
                 return command
         known = ", ".join("x".join(map(str, c.inputs[0].shape)) for c in self.commands if c.inputs)
-        raise UnsupportedError(
-            f"bmodel {self.net_name!r} has no command for input shape {shape}; use one of: {known}"
-        )
+        raise UnsupportedError(f"bmodel {self.net_name!r} has no command for input shape {shape}; use one of: {known}")
 
     def weight_for(self, command: Command) -> bytes:
         return self.weights[command.weight_index] if self.weights else b""
@@ -117,13 +115,10 @@ def _from_proto(msg, weights: tuple[bytes, ...], container: str, source: str) ->
     if not msg.IsInitialized():
         missing = ", ".join(msg.FindInitializationErrors()[:3])
         raise CorruptFileError(
-            f"{source}: bmodel message lacks required fields ({missing}); "
-            "the file is corrupt or not a BM1880 bmodel"
+            f"{source}: bmodel message lacks required fields ({missing}); the file is corrupt or not a BM1880 bmodel"
         )
     if not msg.command:
-        raise CorruptFileError(
-            f"{source}: bmodel {msg.net_name!r} has no commands; the file is truncated or corrupt"
-        )
+        raise CorruptFileError(f"{source}: bmodel {msg.net_name!r} has no commands; the file is truncated or corrupt")
     commands = []
     for index, cmd in enumerate(msg.command):
         inputs = tuple(
@@ -176,9 +171,7 @@ def _from_proto(msg, weights: tuple[bytes, ...], container: str, source: str) ->
         fmt=msg.fmt,
         commands=tuple(commands),
         weights=weights,
-        libraries=tuple(
-            Library(lib.name, bytes(lib.lib_x86_64), bytes(lib.lib_armv8)) for lib in msg.library
-        ),
+        libraries=tuple(Library(lib.name, bytes(lib.lib_x86_64), bytes(lib.lib_armv8)) for lib in msg.library),
         node_num=msg.node_num,
         type=msg.type,
         version=msg.version,
@@ -233,9 +226,7 @@ def _parse_model(data: bytes, source: str):
     try:
         return bmodel_schema().Model.FromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise CorruptFileError(
-            f"{source}: bmodel protobuf does not decode ({exc}); the file is corrupt"
-        ) from None
+        raise CorruptFileError(f"{source}: bmodel protobuf does not decode ({exc}); the file is corrupt") from None
 
 
 def _read_proto_weights(data: bytes, source: str) -> BModel:
@@ -244,8 +235,7 @@ def _read_proto_weights(data: bytes, source: str) -> BModel:
     (proto_len,) = struct.unpack_from("<I", data, 4)
     if 8 + proto_len > len(data):
         raise CorruptFileError(
-            f"{source}: offset 4: proto_len {proto_len} exceeds the file size "
-            f"{len(data)}; the file is truncated"
+            f"{source}: offset 4: proto_len {proto_len} exceeds the file size {len(data)}; the file is truncated"
         )
     msg = _parse_model(data[8 : 8 + proto_len], source)
     area = memoryview(data)[8 + proto_len :]
@@ -296,9 +286,7 @@ class _JsonReader:
                 if not math.isfinite(value):
                     raise ValueError
         except (TypeError, ValueError):
-            raise self.fail(
-                f"{where}.{key}", f"expected a {kind.__name__} (as a string), got {text!r}"
-            ) from None
+            raise self.fail(f"{where}.{key}", f"expected a {kind.__name__} (as a string), got {text!r}") from None
         if kind is int and value < 0:
             raise self.fail(f"{where}.{key}", f"negative value {value}")
         return value
@@ -312,9 +300,7 @@ class _JsonReader:
     def span(self, obj, key: str, where: str) -> bytes:
         offset, size = self.ints(obj, key, where, 2)
         if offset + size > len(self.binary):
-            raise self.fail(
-                f"{where}.{key}", f"range ({offset}, {size}) outside the {len(self.binary)}-byte binary"
-            )
+            raise self.fail(f"{where}.{key}", f"range ({offset}, {size}) outside the {len(self.binary)}-byte binary")
         return self.binary[offset : offset + size]
 
 
@@ -346,9 +332,7 @@ def _read_json(data: bytes, source: str) -> BModel:
     reader = _JsonReader(source, data[tail + 12 : tail + 12 + bin_len])
     backends = reader.get(header, "backends", list, "$")
     if len(backends) != 1:
-        raise UnsupportedError(
-            f"{source}: legacy JSON bmodel with {len(backends)} backends; only 1 is supported"
-        )
+        raise UnsupportedError(f"{source}: legacy JSON bmodel with {len(backends)} backends; only 1 is supported")
     backend = backends[0]
     weight = reader.span(header, "weight", "$")
     commands = []
@@ -368,9 +352,7 @@ def _read_json(data: bytes, source: str) -> BModel:
             )
             outputs.append(tensor)
             offset += tensor.size  # int8 outputs packed back to back from output_offset
-        if offset - reader.number(variety, "output_offset", where) != reader.number(
-            variety, "output_size", where
-        ):
+        if offset - reader.number(variety, "output_offset", where) != reader.number(variety, "output_size", where):
             raise reader.fail(f"{where}.output_size", "does not equal the sum of the sub_output sizes")
         # the variety-level threshold is the input's (outputs carry their own)
         inputs = (
@@ -384,9 +366,7 @@ def _read_json(data: bytes, source: str) -> BModel:
         )
         for tensor in inputs + tuple(outputs):
             if tensor.offset + tensor.size > neuron_size:
-                raise reader.fail(
-                    where, f"tensor at offset {tensor.offset} exceeds neuron_size {neuron_size}"
-                )
+                raise reader.fail(where, f"tensor at offset {tensor.offset} exceeds neuron_size {neuron_size}")
         commands.append(Command(inputs, tuple(outputs), reader.span(variety, "cmdbuf", where), neuron_size))
     if reader.get(header, "libraries", list, "$"):
         raise UnsupportedError(f"{source}: legacy JSON bmodel with CPU-op libraries is not supported")

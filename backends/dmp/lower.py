@@ -312,5 +312,3 @@ def set_act(run: Run, code: int, param: float = 0.0) -> None:
 
 def fp16_bits(x: float) -> int:
     return int(np.float16(x).view(np.uint16))
-
-
