@@ -2,8 +2,9 @@
 
 Routines run in program order: CPU routines through the built-in functions in CPU_FUNCTIONS, TPU routines by
 decoding their cmdbuf and executing each descriptor in stream order (the sync ids only order the engines,
-and the stream order already respects them). Global memory is one byte array per region (0 shared,
-1 weight, 2 private, 3.. io), local memory is lanes x lmem_size bytes.
+and the stream order already respects them); a TDMA load with compress_en decodes its VLC source buffer
+(compression.py). Global memory is one byte array per region (0 shared, 1 weight, 2 private, 3.. io), local
+memory is lanes x lmem_size bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, model_schema
-from npuc.backends.cv18xx.sim_mem import FORMATS, GlobalMemory, LocalMemory
+from npuc.backends.cv18xx.sim_mem import FORMATS, MAX_ACCESS_BYTES, GlobalMemory, LocalMemory
 from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, f32_to_bf16
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 
@@ -104,8 +105,10 @@ class Machine:
             raise UnsupportedError(f"TDMA decompression of {fmt} data is not simulated")
         if region < 0:
             raise UnsupportedError("TDMA decompression from local memory is not simulated")
-        elements = int(np.prod(shape))
+        elements = int(np.prod(shape, dtype=np.int64))
         where = f"compressed TDMA source in gmem region {region} at {addr:#x}"
+        if elements * FORMATS[fmt][0] > MAX_ACCESS_BYTES:
+            raise CorruptFileError(f"{where}: {shape} is larger than any memory")
         header = compression.VlcHeader.unpack(self.gmem.read_bytes(region, addr, compression.HEADER_BYTES).tobytes())
         data = self.gmem.read_bytes(region, addr, compression.compressed_size(header, elements))
         values = compression.decompress(data, elements, fmt == "bf16", where)

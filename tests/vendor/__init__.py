@@ -1,0 +1,1 @@
+"""Tests that run npuc artifacts on vendor simulators."""
