@@ -8,43 +8,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from google.protobuf import text_format
-from npuc.compiler.protoschema import load_proto, load_proto_text
+from npuc.backends.bm1880.calibration import load_calibration
+from npuc.compiler.protoschema import load_proto
 from npuc.passes import fixedpoint as fp
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT.parent / "shared" / "golden" / "bm1880"
-
-# BMNet's NetCalibrationParameter (bm1880.md §3.1), only the fields this test reads or the file carries
-CALIBRATION_SCHEMA = """
-syntax = "proto2";
-message BlobParameter {
-  required string name = 1;
-  required float threshold_y = 2;
-  optional int32 right_shift_width = 3;
-}
-message ReLUCalibrationParameter {
-  required int32 gt_scale = 1;
-  required int32 le_scale = 2;
-  required int32 gt_right_shift_width = 3;
-  required int32 le_right_shift_width = 4;
-}
-message LayerCalibrationParameter {
-  required string name = 1;
-  repeated float threshold_y = 2;
-  optional int32 right_shift_width = 3;
-  repeated int32 threshold_x_quantized = 4;
-  repeated BlobParameter blob_param = 5;
-  repeated bool bottom_unsigned = 7;
-  repeated bool top_unsigned = 8;
-  optional ReLUCalibrationParameter relu_param = 123;
-}
-message NetCalibrationParameter {
-  optional string name = 1;
-  repeated LayerCalibrationParameter layer = 100;
-}
-"""
 
 # conv / fc layer -> the layer whose output feeds it (LeNet: data, conv1, pool1, conv2, pool2, ip1, relu, ip2)
 WEIGHT_LAYERS = {"conv1": "data", "conv2": "pool1", "ip1": "pool2", "ip2": "customized1"}
@@ -52,11 +22,8 @@ WEIGHT_LAYERS = {"conv1": "data", "conv2": "pool1", "ip1": "pool2", "ip2": "cust
 
 @pytest.fixture(scope="module")
 def calibration():
-    schema = load_proto_text(CALIBRATION_SCHEMA, "bmnet_calibration.proto")
-    msg = text_format.Parse((GOLDEN / "bmnet_lenet_calibration.prototxt").read_text(), schema.NetCalibrationParameter())
-    binary = schema.NetCalibrationParameter()
-    binary.ParseFromString((GOLDEN / "bmnet_lenet_calibration.pb2").read_bytes())
-    assert binary == msg  # the text and binary tables agree
+    msg = load_calibration(GOLDEN / "bmnet_lenet_calibration.prototxt")
+    assert load_calibration(GOLDEN / "bmnet_lenet_calibration.pb2") == msg  # the text and binary tables agree
     return {layer.name: layer for layer in msg.layer}
 
 
