@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_bytes
 from npuc.models.netbuilder import NetBuilder
 
 FAMILY_SHAPE = (1, 8, 16, 16)  # the input of every per-op-family model unless it says otherwise
@@ -257,17 +257,6 @@ def make_model(name: str) -> onnx.ModelProto:
     return MODELS[name](NetBuilder(name, rng))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def make_all(outdir: str | os.PathLike[str], names: list[str] | None = None) -> dict[str, Path]:
     """Write ``<name>.onnx`` for every generated model (or just ``names``) into ``outdir``."""
     out = Path(outdir)
@@ -275,7 +264,7 @@ def make_all(outdir: str | os.PathLike[str], names: list[str] | None = None) -> 
     paths = {}
     for name in names or list(MODELS):
         path = out / f"{name}.onnx"
-        _write_atomic(path, make_model(name).SerializeToString(deterministic=True))
+        atomic_write_bytes(path, make_model(name).SerializeToString(deterministic=True))
         paths[name] = path
     return paths
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_bytes
 
 TIME_KEY = "genetated time"  # tpu-mlir's spelling; other tools match on it
 COLUMNS_LINE = "# op_name    threshold    min    max"
@@ -191,10 +192,7 @@ def format_table(table: CalibrationTable) -> str:
 
 def write_table(table: CalibrationTable, path: str | Path) -> None:
     """Write atomically (temp file + rename) so a failed run never leaves a partial table."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(format_table(table), encoding="utf-8", newline="\n")
-    os.replace(tmp, path)
+    atomic_write_bytes(Path(path), format_table(table).encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------------------

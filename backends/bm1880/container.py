@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from google.protobuf.message import DecodeError, EncodeError
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
+from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.protoschema import load_proto
 
 MAGIC_PROTO_WEIGHTS = 0xFF55AADD
@@ -424,16 +423,7 @@ def write_bmodel(model: BModel, embed_weights: bool = False) -> bytes:
 
 def save_bmodel(model: BModel, path: str | Path) -> None:
     """Write the 0xFF55AADD container atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    data = write_bmodel(model)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(Path(path), write_bmodel(model))
 
 
 __all__ = [
