@@ -50,6 +50,12 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option(None, "--name", help="Network name in generated sources."),
         input_dtype: str = typer.Option(None, "--input-dtype", help="Data type the runtime is fed."),
         delegate: bool = typer.Option(False, "--delegate", help="Emit a vendor build script instead (lyngor)."),
+        float_layers: str = typer.Option(
+            None, "--float-layers", help="Comma-separated op or tensor names kept in the fallback format."
+        ),
+        quant_input: bool = typer.Option(False, "--quant-input", help="Feed the model int8 instead of float32."),
+        quant_output: bool = typer.Option(False, "--quant-output", help="Return int8 outputs, not float32."),
+        no_layer_group: bool = typer.Option(False, "--no-layer-group", help="One layer at a time through gmem."),
         option: list[str] = typer.Option([], "--option", help="Target option KEY=VALUE (JSON values allowed)."),
         depfile: Path = typer.Option(None, "--depfile", help="Write a Makefile dependency line here."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
@@ -66,6 +72,13 @@ def register(app: typer.Typer) -> None:
             options["input_dtype"] = input_dtype
         if delegate:
             options["delegate"] = True
+        if float_layers:
+            options["float_layers"] = [n.strip() for n in float_layers.split(",") if n.strip()]
+        for flag, value in (("quant_input", quant_input), ("quant_output", quant_output)):
+            if value:
+                options[flag] = True
+        if no_layer_group:
+            options["layer_group"] = False
         if len(shape_sets) > 1:
             options["input_shapes_list"] = shape_sets
         if calib is not None and not calib.is_file():
