@@ -2,6 +2,8 @@
 
 from npuc.compiler.targets import Target, register_target
 
+from .build import build
+
 register_target(
     Target(
         name="cv18xx",
@@ -10,7 +12,9 @@ register_target(
         artifact=".cvimodel (FlatBuffer + TIU/TDMA cmdbufs)",
         status=(
             "reads, inspects (--disasm) and simulates cvimodels from their bytes; tpu-mlir's int8 files match the "
-            "vendor simulator bit for bit; code generation (npuc build) is not implemented yet"
+            "vendor simulator bit for bit; npuc build generates int8/bf16 cvimodels for conv, pooling, eltwise, "
+            "ReLU-family, FC, concat, reshape and nearest-upsample networks (no lookup-table activations yet)"
         ),
+        build=build,
     )
 )

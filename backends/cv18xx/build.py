@@ -1,0 +1,241 @@
+"""`npuc build --target cv18xx`: quantize, plan memory, generate the TPU routine and write the .cvimodel.
+
+Program shape (as tpu-mlir makes it, specs/cv18xx.md §2): an int8 model quantizes its float input with the
+runtime's built-in CPU `quant` routine into private memory, then one TPU routine runs every op and
+dequantizes the outputs to fp32 in their io regions. `--quant-input` / `--quant-output` keep the model's
+edges in int8 instead. A bf16 model converts its input on the TPU.
+
+Options read from `request.options`: quant_input, quant_output, float_layers (list), layer_group (bool;
+layers are tiled one at a time either way today).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from npuc.backends.cv18xx.chips import chip_spec
+from npuc.backends.cv18xx.codegen import Codegen, generate
+from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel
+from npuc.backends.cv18xx.fbcodec import encode as fb_encode
+from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
+from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_bytes
+from npuc.compiler.ir import Graph, Op
+from npuc.compiler.targets import BuildRequest, BuildResult
+from npuc.passes.calitable import read_table
+from npuc.passes.quantize import quantize
+
+DEFAULT_CHIP = "cv181x"
+SCHEMES = {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}
+REGION_SHIFT = 40
+DTYPE_CODES = {"float32": 0, "bf16": 3, "int8": 6}
+QUANT_TYPES = {"float32": 0, "bf16": 1, "int8": 2}
+ALIAS_KINDS = ("reshape",)
+BUILD_TIME_ENV = "SOURCE_DATE_EPOCH"  # reproducible builds: the build time comes from here when set
+
+
+def _fmt_of(graph: Graph, name: str) -> str:
+    t = graph.tensors[name]
+    if t.dtype == "int8":
+        return "int8"
+    if t.quant is not None and t.quant.scheme == "bf16":
+        return "bf16"
+    return "float32"
+
+
+def _split_edges(qgraph: Graph, quant_input: bool, quant_output: bool) -> tuple[list[Op], list[Op], list[str]]:
+    """(CPU quant ops, TPU ops, program outputs). Input casts to int8 become CPU `quant` routines (or, with
+    quant_input, disappear: the model input itself is int8); output dequant casts go away with quant_output."""
+    cpu, tpu = [], []
+    outputs = list(qgraph.outputs)
+    for op in qgraph.ops:
+        src = op.inputs[0] if op.inputs else ""
+        if op.kind == "cast" and src in qgraph.inputs and qgraph.tensors[op.outputs[0]].dtype == "int8":
+            if quant_input:
+                t = qgraph.tensors[src]
+                t.dtype, t.quant = "int8", qgraph.tensors[op.outputs[0]].quant
+                _rename(qgraph, op.outputs[0], src)
+            else:
+                cpu.append(op)
+            continue
+        if quant_output and op.kind == "cast" and op.outputs[0] in outputs and _fmt_of(qgraph, src) == "int8":
+            outputs[outputs.index(op.outputs[0])] = src
+            continue
+        tpu.append(op)
+    return cpu, tpu, outputs
+
+
+def _rename(graph: Graph, old: str, new: str) -> None:
+    for op in graph.ops:
+        op.inputs = [new if n == old else n for n in op.inputs]
+
+
+def _aliases(graph: Graph, ops: list[Op], pinned: set[str]) -> dict[str, str]:
+    return {
+        op.outputs[0]: op.inputs[0]
+        for op in ops
+        if op.kind in ALIAS_KINDS and op.outputs[0] not in pinned and op.inputs[0] not in pinned
+    }
+
+
+def _cpu_args(scale: float) -> bytes:
+    schema = cpu_param_schema()
+    attrs = [
+        schema.new("Attribute", str_attr=schema.new("StrAttr", key="from", value="FP32")),
+        schema.new("Attribute", float_attr=schema.new("FloatAttr", key="scale", value=float(np.float32(scale)))),
+        schema.new("Attribute", str_attr=schema.new("StrAttr", key="to", value="INT8")),
+    ]
+    return fb_encode(schema, schema.new("Parameter", attributes=attrs))
+
+
+def _tensor_record(graph: Graph, name: str, fmt: str, plan: MemoryPlan, model_input: bool) -> Any:
+    schema = model_schema()
+    place = plan.places[name]
+    t = graph.tensors[name]
+    dims = list(graph.shape(name)) or [1]
+    if len(dims) > 4:
+        dims = [*dims[:3], int(np.prod(dims[3:]))]
+    dims += [1] * (4 - len(dims))
+    qscale = 1.0
+    if fmt == "int8" and t.quant is not None:
+        qscale = 127.0 / t.quant.threshold if model_input else float(t.quant.scale)
+    return schema.new(
+        "Tensor",
+        tensor_id=0,
+        name=name,
+        offset=(place.region << REGION_SHIFT) + place.offset,
+        dtype=DTYPE_CODES[fmt],
+        shape=schema.new("Shape", dim=dims),
+        quant=schema.new("QuantInfo", type=0, max_value=0.0, min_value=0.0, zero_point=0.0, qscale=float(qscale)),
+        overwrote=name in plan.overwritten,
+        size=place.size,
+    )
+
+
+def _build_time() -> str:
+    epoch = os.environ.get(BUILD_TIME_ENV)
+    when = datetime.datetime.fromtimestamp(int(epoch) if epoch else 0, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
+    """The .cvimodel bytes and a summary for one build request."""
+    opts = request.options
+    chip = chip_spec(request.chip or DEFAULT_CHIP)
+    quant = request.quant or "int8"
+    if quant not in SCHEMES:
+        raise UserError(f"--quant {quant} is not a cv18xx number format; use int8 or bf16")
+    table = None
+    if quant == "int8":
+        if request.calib_table is None:
+            raise UserError(
+                "an int8 cv18xx build needs a calibration table: make one with `npuc calibrate MODEL --data DIR "
+                "-o TABLE` and pass --calib TABLE, or build with --quant bf16"
+            )
+        table = read_table(request.calib_table)
+    qgraph = quantize(copy.deepcopy(request.graph), table, SCHEMES[quant], opts.get("float_layers", ()))
+    cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
+    fmt = {name: _fmt_of(qgraph, name) for name in qgraph.tensors if not qgraph.tensors[name].is_const}
+    inputs = list(qgraph.inputs)
+    private = [op.outputs[0] for op in cpu_ops]
+    pinned = set(inputs) | set(outputs) | set(private)
+    plan = plan_memory(qgraph, tpu_ops, fmt, inputs + outputs, private, _aliases(qgraph, tpu_ops, pinned))
+    cg = Codegen(chip, qgraph, plan, fmt)
+    generate(cg, tpu_ops)
+    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, tpu_ops, inputs, outputs)
+    data = write_cvimodel(model)
+    read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
+    summary = {
+        "chip": chip.name,
+        "quant": quant,
+        "size": len(data),
+        "weight_bytes": len(cg.weights.section()),
+        "shared_gmem": plan.shared_size,
+        "private_gmem": plan.private_size,
+        **cg.stream.counts(),
+    }
+    return data, summary
+
+
+def _assemble(request: BuildRequest, chip: str, g: Graph, cg: Codegen, cpu_ops: list[Op], tpu_ops: list[Op],
+              inputs: list[str], outputs: list[str]) -> CviModel:  # fmt: skip
+    schema = model_schema()
+    routine_types = schema.enums["RoutineType"].values
+    routines = []
+    for op in cpu_ops:
+        scale = 127.0 / g.tensors[op.outputs[0]].quant.threshold
+        routines.append(
+            schema.new(
+                "Routine",
+                type=routine_types["CPU"],
+                in_tensors=[op.inputs[0]],
+                out_tensors=[op.outputs[0]],
+                cpu_routine=schema.new("CpuRoutine", function_section="quant", function_args=_cpu_args(scale)),
+            )
+        )
+    produced = {out for op in tpu_ops for out in op.outputs}
+    tpu_inputs = sorted({n for op in tpu_ops for n in op.inputs if n and n not in produced and n in cg.fmt},
+                        key=lambda n: list(g.tensors).index(n))  # fmt: skip
+    routines.append(
+        schema.new(
+            "Routine",
+            type=routine_types["TPU"],
+            in_tensors=tpu_inputs,
+            out_tensors=list(outputs),
+            tpu_routine=schema.new("TpuRoutine", cmdbuf_section="subfunc_0"),
+        )
+    )
+    names = [*inputs, *(o for op in cpu_ops for o in op.outputs), *(o for op in tpu_ops for o in op.outputs)]
+    tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs) for n in dict.fromkeys(names)]
+    weight_map = [
+        schema.new(
+            "Weight",
+            name=e.name,
+            offset=(1 << REGION_SHIFT) + e.offset,
+            size=e.size,
+            shape=schema.new("Shape", dim=list(e.shape)),
+            type=e.dtype,
+        )  # fmt: skip
+        for e in cg.weights.entries
+    ]
+    program = schema.new(
+        "Program",
+        batch_num=0,
+        neuron_size=0,
+        input_tensors=list(inputs),
+        output_tensors=list(outputs),
+        tensor_map=tensor_map,
+        routines=routines,
+        shared_gmem=cg.plan.shared_size,
+        private_gmem=cg.plan.private_size,
+    )
+    section_types = schema.enums["SectionType"].values
+    sections = [
+        schema.new("Section", type=section_types["WEIGHT"], name="weight"),
+        schema.new("Section", type=section_types["CMDBUF"], name="subfunc_0"),
+    ]
+    body = schema.new(
+        "Model",
+        version=schema.new("Version", major_=1, minor_=4, sub_minor=0),
+        name=request.options.get("name") or request.model_path.stem,
+        build_time=_build_time(),
+        weight_map=weight_map,
+        programs=[program],
+        sections=sections,
+        target=chip,
+        mlir_version="npuc",
+    )
+    blobs = {"weight": cg.weights.section(), "subfunc_0": cg.stream.to_bytes()}
+    return CviModel(chip, body, blobs)
+
+
+def build(request: BuildRequest) -> BuildResult:
+    data, summary = compile_cvimodel(request)
+    out = request.output if request.output.suffix else request.output.with_suffix(".cvimodel")
+    atomic_write_bytes(Path(out), data)
+    return BuildResult([Path(out)], summary)

@@ -1,0 +1,109 @@
+"""Code generation driver: walks the quantized ops of a TPU routine and lets each op's kernel emit descriptors.
+
+A kernel (registered per IR op kind with `@kernel`) reads its operands from global memory, tiles them through
+local memory and writes its result back (specs/cv18xx.md §3.3: 32 KiB per lane, 16-byte EU alignment).
+Kernels get everything from `Codegen`: the chip, the stream, the weight area and the memory plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from npuc.backends.cv18xx.chips import ChipSpec
+from npuc.backends.cv18xx.emit import CmdStream
+from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator
+from npuc.backends.cv18xx.memplan import MemoryPlan
+from npuc.backends.cv18xx.weights import WeightArea
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Graph, Op
+from npuc.compiler.kernels.quantized.params import OpQuant, op_quant
+
+FMT_OF_DTYPE = {"int8": "i8", "bf16": "bf16", "float32": "f32"}
+
+
+@dataclass
+class Codegen:
+    chip: ChipSpec
+    graph: Graph
+    plan: MemoryPlan
+    fmt: dict[str, str]  # tensor -> "int8" | "bf16" | "float32"
+    stream: CmdStream = None  # type: ignore[assignment]
+    weights: WeightArea = field(default_factory=WeightArea)
+
+    def __post_init__(self) -> None:
+        if self.stream is None:
+            self.stream = CmdStream(self.chip)
+
+    def gtensor(self, name: str, shape: tuple[int, ...] | None = None) -> GTensor:
+        """The tensor's bytes in gmem viewed as a contiguous 4-D tensor (default: its shape padded to 4-D)."""
+        place = self.plan.places[name]
+        fmt = {"int8": "i8", "bf16": "bf16", "float32": "bf16"}[self.fmt[name]]
+        dims = shape or to4d(self.graph.shape(name))
+        if self.fmt[name] == "float32":  # fp32 words are moved as pairs of bf16
+            dims = (*dims[:3], dims[3] * 2)
+        return GTensor.contiguous(place.region, place.offset, dims, fmt)
+
+    def local(self, op: Op) -> LocalAllocator:
+        return LocalAllocator(self.chip, f"op '{op.name}' ({op.kind})")
+
+    def local_named(self, what: str) -> LocalAllocator:
+        return LocalAllocator(self.chip, what)
+
+    def const(self, name: str) -> np.ndarray:
+        data = self.graph.const(name)
+        if data is None:
+            raise UserError(f"input '{name}' must be a constant for the cv18xx target")
+        return data
+
+
+def to4d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """NCHW view of any rank: rank < 4 appends 1s (N, C[, H]); rank > 4 folds the tail into W."""
+    dims = list(shape) or [1]
+    if len(dims) > 4:
+        dims = [*dims[:3], int(np.prod(dims[3:]))]
+    return tuple(dims + [1] * (4 - len(dims)))  # type: ignore[return-value]
+
+
+Kernel = Callable[[Codegen, Op], None]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(*kinds: str) -> Callable[[Kernel], Kernel]:
+    def wrap(fn: Kernel) -> Kernel:
+        for k in kinds:
+            KERNELS[k] = fn
+        return fn
+
+    return wrap
+
+
+def quant_of(op: Op) -> OpQuant:
+    return op_quant(op)
+
+
+def fused_relu(op: Op) -> tuple[bool, int | None]:
+    """(relu, int8 upper clamp) of the op's fused activation."""
+    act = getattr(op.attrs, "act", None)
+    relu = act is not None and act.kind in ("relu", "clip")
+    q = getattr(op.attrs, "quant", None)
+    return relu, (q.relu_max if q is not None else None)
+
+
+def supported(op: Op) -> bool:
+    return op.kind in KERNELS
+
+
+def generate(cg: Codegen, ops: list[Op]) -> None:
+    from npuc.backends.cv18xx import kernels  # noqa: F401  (registers the kernels)
+
+    for index, op in enumerate(ops):
+        cg.stream.layer = index + 1
+        fn = KERNELS.get(op.kind)
+        if fn is None:
+            raise UserError(
+                f"op '{op.name}' ({op.kind}) has no cv18xx kernel; keep it out of the TPU with another target "
+                f"or replace it in the model"
+            )
+        fn(cg, op)

@@ -1,0 +1,102 @@
+"""The instruction stream of one TPU routine: TIU and TDMA descriptors in issue order, encoded to a cmdbuf.
+
+Kernels describe descriptors with the cv182x field names (`isa.TIU_CV182X_LAYOUT`); `encode_tiu` translates
+them to the cv183x table where that chip spells or sizes a field differently. Sync ids follow cvikernel's
+serial scheme (specs/cv18xx.md §3.2): each engine numbers its descriptors 1, 2, ... and every descriptor
+waits for the latest descriptor of the other engine, so the stream order is the execution order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from npuc.backends.cv18xx import isa
+from npuc.backends.cv18xx.chips import ChipSpec
+
+MAX_ID = 0xFFFF  # ids are 16 bits; numbering restarts at 1 (the runtime splits segments there)
+
+# Non-zero reset values of cvikernel's TIU registers that the arithmetic depends on.
+TIU_DEFAULTS = {
+    "cmd_en": 1,
+    "cmd_id_en": 1,
+    "opt_shift_typ": 1,
+    "opt_rshift_typ": 1,
+    "opt_left_shift": 2,
+    "opt_res0_sign": 1,
+    "opt_opd0_sign": 1,
+    "opt_opd1_sign": 1,
+    "opt_opd2_sign": 1,
+    "opt_res0_seg": 1,
+    "opt_opd0_seg": 1,
+    "opt_opd1_seg": 1,
+    "conv_op_x_str": 1,
+    "conv_op_y_str": 1,
+    **{f"{p}_w_str": 1 for p in ("res0", "opd0", "opd1", "opd2")},
+    **{f"{p}_b_str": 16 for p in ("res0", "opd0", "opd1", "opd2")},  # the simulator rejects a zero opd2_b_str
+}
+
+# cv183x names of fields the cv182x family calls differently (specs/cv18xx.md §3.4).
+_CV183X_NAMES = {
+    "opt_res_shift": "opt_right_shift",
+    "opt_relu_typ": "opt_relu",
+    "opt_res0_seg": "opt_res0_int8",
+    "opt_opd0_seg": "opt_opd0_int8",
+    "opt_opd1_seg": "opt_opd1_int8",
+    "opt_opd2_seg": "opt_opd2_int8",
+}
+_CV182X_ONLY = ("opt_relu_value", "cmd_pre_exe_typ", "cmd_pre_exe")
+
+
+def encode_tiu(chip: ChipSpec, fields: dict[str, int]) -> bytes:
+    """A TIU body for `chip` from cv182x-named fields; `pad_value` (a signed int8 or raw bf16 pad) is placed
+    where the chip keeps it (cv183x: an 8-bit int8 field and a separate bf16 field)."""
+    f = dict(fields)
+    pad = f.pop("pad_value", 0)
+    bf16 = bool(f.get("opd_typ"))
+    if chip.tiu_layout == "cv183x":
+        f = {_CV183X_NAMES.get(k, k): v for k, v in f.items() if k not in _CV182X_ONLY}
+        f["opd0_ins_fp" if bf16 else "opd0_ins_val"] = pad & (0xFFFF if bf16 else 0xFF)
+    else:
+        f["opd0_ins_val"] = pad & 0xFFFF
+    return isa.encode(isa.tiu_table(chip.tiu_layout), f)
+
+
+@dataclass
+class CmdStream:
+    chip: ChipSpec
+    records: list[tuple[int, dict[str, int]]] = field(default_factory=list)
+    tiu_id: int = 0
+    tdma_id: int = 0
+    last_tdma_wait: int = 0
+    layer: int = 0  # debug tag written into every descriptor (layer_info / layer_ID)
+
+    @staticmethod
+    def _next(current: int) -> int:
+        return 1 if current >= MAX_ID else current + 1
+
+    def tiu(self, fields: dict[str, int]) -> None:
+        self.tiu_id = self._next(self.tiu_id)
+        f = {**TIU_DEFAULTS, **fields, "cmd_id_tpu": self.tiu_id, "cmd_id_gdma": self.tdma_id}
+        f["layer_info"] = self.layer & 0xFFFF
+        self.records.append((isa.ENGINE_TIU, f))
+
+    def tdma(self, fields: dict[str, int]) -> None:
+        self.tdma_id = self._next(self.tdma_id)
+        wait = self.tiu_id or self.last_tdma_wait  # a wait id of 0 reuses the previous TDMA's
+        self.last_tdma_wait = wait
+        f = {"vld": 1, "bar_en": 1, **fields, "cmd_id": self.tdma_id, "wait_id_tpu": wait}
+        f["layer_ID"] = self.layer & 0xFFFF
+        self.records.append((isa.ENGINE_TDMA, f))
+
+    def counts(self) -> dict[str, int]:
+        tiu = sum(1 for engine, _ in self.records if engine == isa.ENGINE_TIU)
+        return {"tiu": tiu, "tdma": len(self.records) - tiu}
+
+    def to_bytes(self) -> bytes:
+        hdr_table, tdma_table = isa.cmd_hdr_table(), isa.tdma_table()
+        parts = []
+        for engine, f in self.records:
+            body = encode_tiu(self.chip, f) if engine == isa.ENGINE_TIU else isa.encode(tdma_table, f)
+            hdr = {"magic": self.chip.cmd_magic, "len": len(body), "engine_id": engine}
+            parts += [isa.encode(hdr_table, hdr), body]
+        return b"".join(parts)

@@ -1,0 +1,183 @@
+"""Convolution kernels: plain and grouped conv (TIU conv), depthwise conv (TIU depthwise), int8 and bf16.
+
+Weights and per-channel parameters of an output-channel tile are loaded once; the output is produced in row
+tiles whose input rows (with the halo the kernel needs) are loaded for each tile. A fused ReLU6 adds a TIU
+min against its int8 bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.backends.cv18xx import dma, tiu
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, row_tiles
+from npuc.backends.cv18xx.lmem import GTensor, local_bytes
+from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Op
+
+
+def geometry(op: Op, x: GTensor, y: GTensor, kh: int, kw: int) -> Geometry:
+    a = op.attrs
+    top, left, bottom, right = a.pads
+    return Geometry(kh, kw, *a.strides, *a.dilations, (top, left, bottom, right), x.shape[2], x.shape[3],
+                    y.shape[2], y.shape[3])  # fmt: skip
+
+
+def _check_window(op: Op, g: Geometry) -> None:
+    if max(g.pads) >= 16 or max(g.sh, g.sw) >= 16 or max(g.dh, g.dw) > 16:
+        raise UserError(
+            f"op '{op.name}': pads {g.pads}, strides ({g.sh}, {g.sw}) or dilations exceed the TIU fields "
+            "(pad < 16, stride < 16, dilation <= 16); pad the input explicitly or use another target"
+        )
+
+
+class _Params:
+    """The packed per-channel parameters (int8 records or bf16 bias planes) of one conv in gmem."""
+
+    def __init__(self, cg: Codegen, op: Op, oc: int, bf16: bool) -> None:
+        q = quant_of(op)
+        has_bias = len(op.inputs) > 2 and bool(op.inputs[2])
+        bias = cg.const(op.inputs[2]) if has_bias else None
+        self.has_bias = has_bias
+        self.bf16 = bf16
+        if bf16:
+            self.g = (
+                None
+                if bias is None
+                else cg.weights.add(f"{op.name}_bias_fp32", fp32_planes(bias).reshape(2, oc, 1, 1), "bf16")
+            )
+        else:
+            rec = channel_records(bias, np.broadcast_to(q.multiplier, (oc,)), np.broadcast_to(q.rshift, (oc,)))
+            self.g = cg.weights.add(f"{op.name}_bias_packed", rec)
+
+    def tile(self, c0: int, c1: int) -> GTensor | None:
+        return None if self.g is None else self.g.slice(c=(c0, c1))
+
+
+def _weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool) -> GTensor:
+    w = cg.const(op.inputs[1])
+    packed = w.reshape(1, w.shape[0], w.shape[2], w.shape[3]) if depthwise else conv_filter(w)
+    data = bf16_bits(packed) if bf16 else np.asarray(packed, np.int8)
+    return cg.weights.add(f"{op.name}_filter", data, "bf16" if bf16 else "i8")
+
+
+def _oc_tile(cg: Codegen, per_channel_bytes: int, oc: int) -> int:
+    """Output channels per tile: all of them if their weights take at most half of a lane."""
+    lanes, budget = cg.chip.lanes, cg.chip.lmem_size // 2
+    blocks = max(1, budget // max(1, per_channel_bytes))
+    return min(oc, blocks * lanes) if blocks * lanes < oc else oc
+
+
+@kernel("conv2d")
+def conv2d(cg: Codegen, op: Op) -> None:
+    q = quant_of(op)
+    if q.mode not in ("int8", "bf16"):
+        raise UserError(f"op '{op.name}': conv in {q.mode} mode has no cv18xx kernel")
+    bf16 = q.mode == "bf16"
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    w = cg.const(op.inputs[1])
+    oc, icg, kh, kw = w.shape
+    g = geometry(op, x, y, kh, kw)
+    _check_window(op, g)
+    group = op.attrs.group
+    params = _Params(cg, op, oc, bf16)
+    if group > 1 and group == x.shape[1] == oc and icg == 1:
+        _depthwise(cg, op, x, y, _weights(cg, op, bf16, True), params, g)
+        return
+    weights = _weights(cg, op, bf16, False)
+    ocg = oc // group
+    for gi in range(group):
+        cs = (gi * icg, (gi + 1) * icg)
+        os = (gi * ocg, (gi + 1) * ocg)
+        _conv(cg, op, x.slice(c=cs), y.slice(c=os), weights.slice(c=os), params, os[0], g)
+
+
+def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Params, oc_base: int,
+          g: Geometry) -> None:  # fmt: skip
+    chip, s = cg.chip, cg.stream
+    fmt = x.fmt
+    n, ic = x.shape[:2]
+    oc = y.shape[1]
+    relu, relu_max = fused_relu(op)
+    e = 2 if fmt == "bf16" else 1
+    rec = 9 if params.has_bias else 5
+    per_oc = g.kh * g.kw * ic * e + (4 * e if fmt == "bf16" else rec)
+    tile_oc = _oc_tile(cg, per_oc, oc)
+    local = cg.local(op)
+    for o0 in range(0, oc, tile_oc):
+        o1 = min(oc, o0 + tile_oc)
+        t = o1 - o0
+        local.reset()
+        lw = local.tensor((1, t, g.kh * g.kw, ic), fmt, eu_align=False)
+        dma.load(s, w.slice(c=(o0, o1)), lw)
+        lp = None
+        ptile = params.tile(oc_base + o0, oc_base + o1)
+        if ptile is not None:
+            lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
+            dma.load(s, ptile, lp)
+        mark = local.top
+
+        def fits(rows: int, t: int = t, mark: int = mark) -> bool:
+            need = local_bytes(chip, (1, ic, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
+            return mark + need + local_bytes(chip, (1, t, rows, g.ow), fmt) <= chip.lmem_size
+
+        rows = largest_fit(g.oh, fits)
+        if rows == 0:
+            raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
+        for b in range(n):
+            for tile in row_tiles(g, rows):
+                local.reset(mark)
+                lx = local.tensor((1, ic, tile.ih1 - tile.ih0, g.iw), fmt)
+                ly = local.tensor((1, t, tile.oh1 - tile.oh0, g.ow), fmt)
+                dma.load(s, x.slice(n=(b, b + 1), h=(tile.ih0, tile.ih1)), lx)
+                s.tiu(tiu.conv(ly, lx, lw, lp, tile.window, relu, params.has_bias))
+                if relu_max is not None:
+                    s.tiu(tiu.minimum(ly, ly, relu_max))
+                dma.store(s, ly, y.slice(n=(b, b + 1), c=(o0, o1), h=(tile.oh0, tile.oh1)))
+
+
+def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Params, g: Geometry) -> None:
+    chip, s = cg.chip, cg.stream
+    fmt = x.fmt
+    n, c = x.shape[:2]
+    relu, relu_max = fused_relu(op)
+    local = cg.local(op)
+    tile_c = c
+    while True:  # channel tiles whose weights, parameters and one output row fit
+        need = local_bytes(chip, (1, tile_c, g.kh, g.kw), fmt) + local_bytes(chip, (2, tile_c, 1, 9), fmt, False)
+        need += local_bytes(chip, (1, tile_c, min(g.ih, g.rows_needed(1)), g.iw), fmt)
+        need += local_bytes(chip, (1, tile_c, 1, g.ow), fmt)
+        if need <= chip.lmem_size or tile_c <= chip.lanes:
+            break
+        tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
+    for c0 in range(0, c, tile_c):
+        c1 = min(c, c0 + tile_c)
+        t = c1 - c0
+        local.reset()
+        lw = local.tensor((1, t, g.kh, g.kw), fmt)
+        dma.load(s, w.slice(c=(c0, c1)), lw)
+        ptile = params.tile(c0, c1)
+        lp = None
+        if ptile is not None:
+            lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
+            dma.load(s, ptile, lp)
+        mark = local.top
+
+        def fits(rows: int, t: int = t, mark: int = mark) -> bool:
+            need = local_bytes(chip, (1, t, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
+            return mark + need + local_bytes(chip, (1, t, rows, g.ow), fmt) <= chip.lmem_size
+
+        rows = largest_fit(g.oh, fits)
+        if rows == 0:
+            raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
+        for b in range(n):
+            for tile in row_tiles(g, rows):
+                local.reset(mark)
+                lx = local.tensor((1, t, tile.ih1 - tile.ih0, g.iw), fmt)
+                ly = local.tensor((1, t, tile.oh1 - tile.oh0, g.ow), fmt)
+                dma.load(s, x.slice(n=(b, b + 1), c=(c0, c1), h=(tile.ih0, tile.ih1)), lx)
+                s.tiu(tiu.depthwise(ly, lx, lw, lp, tile.window, relu, params.has_bias))
+                if relu_max is not None:
+                    s.tiu(tiu.minimum(ly, ly, relu_max))
+                dma.store(s, ly, y.slice(n=(b, b + 1), c=(c0, c1), h=(tile.oh0, tile.oh1)))

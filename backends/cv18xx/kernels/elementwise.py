@@ -1,0 +1,165 @@
+"""Element-wise kernels: eltwise add/sub/mul/max/min and ReLU-family activations, int8 and bf16.
+
+int8 add/sub is cvikernel's MUL-then-MAC chain: the first input times its int8 multiplier into a 16-bit
+accumulator (two byte planes), every further input multiplied and accumulated, the last MAC shifting right
+with rounding and saturating to int8 (specs/cv18xx.md §3.4). max/min rescale each input first; mul uses
+the 32-bit QDM multiplier. Tensors are tiled along N, C (in lane multiples) and H.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from npuc.backends.cv18xx import dma, tiu
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.kernels.tiling import largest_fit
+from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
+from npuc.backends.cv18xx.weights import bf16_bits
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Op
+
+BF16_ONE, BF16_MINUS_ONE = 0x3F80, 0xBF80
+
+
+def tiles(cg: Codegen, shape: tuple[int, int, int, int], fmt: str, count: int) -> Iterator[tuple]:
+    """(n, (c0, c1), (h0, h1)) tiles of `shape` such that `count` local tiles of it fit at once."""
+    chip = cg.chip
+    n, c, h, w = shape
+    tile_c = c
+    while tile_c > chip.lanes and count * local_bytes(chip, (1, tile_c, 1, w), fmt) > chip.lmem_size:
+        tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
+    rows = largest_fit(h, lambda r: count * local_bytes(chip, (1, tile_c, r, w), fmt) <= chip.lmem_size)
+    if rows == 0:
+        raise UserError(f"a {'x'.join(map(str, shape))} tile does not fit in {chip.name} local memory")
+    for b in range(n):
+        for c0 in range(0, c, tile_c):
+            for h0 in range(0, h, rows):
+                yield b, (c0, min(c, c0 + tile_c)), (h0, min(h, h0 + rows))
+
+
+def _part(g: GTensor, b: int, cs: tuple[int, int], hs: tuple[int, int]) -> GTensor:
+    return g.slice(n=(b, b + 1), c=cs, h=hs)
+
+
+def clamp(cg: Codegen, op: Op, t: LTensor) -> None:
+    """The fused activation an op could not apply itself: ReLU6 bound (int8) or clip/relu (bf16)."""
+    relu, relu_max = fused_relu(op)
+    if relu_max is not None:
+        cg.stream.tiu(tiu.minimum(t, t, relu_max))
+    act = getattr(op.attrs, "act", None)
+    if t.fmt == "bf16" and act is not None and act.kind == "clip" and np.isfinite(act.hi):
+        cg.stream.tiu(tiu.minimum(t, t, int(bf16_bits(np.float32(act.hi)))))
+
+
+def _same_shapes(cg: Codegen, op: Op) -> tuple[list[GTensor], GTensor]:
+    y = cg.gtensor(op.outputs[0])
+    xs = []
+    for name in op.inputs:
+        if tuple(cg.graph.shape(name)) != tuple(cg.graph.shape(op.outputs[0])):
+            raise UserError(
+                f"op '{op.name}' ({op.kind}): broadcasting {cg.graph.shape(name)} to "
+                f"{cg.graph.shape(op.outputs[0])} has no cv18xx kernel yet; expand the input in the model"
+            )
+        xs.append(cg.gtensor(name))
+    return xs, y
+
+
+@kernel("eltwise")
+def eltwise(cg: Codegen, op: Op) -> None:
+    q = quant_of(op)
+    kind = op.attrs.kind
+    xs, y = _same_shapes(cg, op)
+    s = cg.stream
+    relu, _ = fused_relu(op)
+    bf16 = q.mode == "bf16"
+    fmt = y.fmt
+    mults = np.asarray(q.multiplier).ravel() if q.multiplier is not None else None
+    rshift = int(np.asarray(q.rshift).ravel()[0]) if q.rshift is not None else 0
+    local = cg.local(op)
+    for b, cs, hs in tiles(cg, y.shape, fmt, len(xs) + 2):
+        local.reset()
+        ins = []
+        for x in xs:
+            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), fmt)
+            dma.load(s, _part(x, b, cs, hs), lt)
+            ins.append(lt)
+        out = local.tensor(ins[0].shape, fmt)
+        if kind in ("add", "sub"):
+            if bf16:
+                coeffs = [BF16_ONE] + [BF16_ONE if kind == "add" else BF16_MINUS_ONE] * (len(ins) - 1)
+                s.tiu(tiu.mul(out, ins[0], coeffs[0]))
+                for i, lt in enumerate(ins[1:], 1):
+                    s.tiu(tiu.mac(out, lt, coeffs[i], 16, 0, relu and i == len(ins) - 1, True))
+            else:
+                high = local.tensor(ins[0].shape, fmt)
+                plane = high.addr - out.addr
+                s.tiu(tiu.mul(out, ins[0], int(mults[0]), out16_plane=plane))
+                for i, lt in enumerate(ins[1:], 1):
+                    last = i == len(ins) - 1
+                    s.tiu(tiu.mac(out, lt, int(mults[i]), plane, rshift, relu and last, last))
+        elif kind in ("max", "min"):
+            if not bf16:
+                shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(ins),))
+                for lt, m, r in zip(ins, mults, shifts):
+                    if int(m) != 1 or int(r) != 0:
+                        s.tiu(tiu.mul(lt, lt, int(m), int(r)))
+            pick = tiu.maximum if kind == "max" else tiu.minimum
+            s.tiu(pick(out, ins[0], ins[1]))
+            for lt in ins[2:]:
+                s.tiu(pick(out, out, lt))
+            if relu:
+                s.tiu(tiu.maximum(out, out, 0))
+        elif kind == "mul":
+            if bf16:
+                s.tiu(tiu.mul(out, ins[0], ins[1], relu=relu))
+                for lt in ins[2:]:
+                    s.tiu(tiu.mul(out, out, lt, relu=relu))
+            else:
+                if len(ins) != 2:
+                    raise UserError(f"op '{op.name}': int8 mul of {len(ins)} inputs has no cv18xx kernel")
+                s.tiu(tiu.mul_qm(out, ins[0], ins[1], int(mults[0]), rshift, relu))
+        else:
+            raise UserError(f"op '{op.name}': eltwise {kind} has no cv18xx kernel")
+        clamp(cg, op, out)
+        dma.store(s, out, _part(y, b, cs, hs))
+
+
+def _relu_like(cg: Codegen, op: Op) -> None:
+    q = quant_of(op)
+    act = op.attrs.act
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    s = cg.stream
+    bf16 = q.mode == "bf16"
+    local = cg.local(op)
+    for b, cs, hs in tiles(cg, y.shape, y.fmt, 2):
+        local.reset()
+        lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
+        dma.load(s, _part(x, b, cs, hs), lt)
+        if act.kind == "relu" or act.kind == "clip":
+            lo = 0 if act.kind == "relu" else act.lo
+            if bf16:
+                if np.isfinite(lo):
+                    s.tiu(tiu.maximum(lt, lt, int(bf16_bits(np.float32(lo)))))
+                if act.kind == "clip" and np.isfinite(act.hi):
+                    s.tiu(tiu.minimum(lt, lt, int(bf16_bits(np.float32(act.hi)))))
+            else:
+                s.tiu(tiu.maximum(lt, lt, 0))
+                if q.relu_max is not None:
+                    s.tiu(tiu.minimum(lt, lt, q.relu_max))
+        elif act.kind == "leaky_relu" and bf16:
+            scaled = local.tensor(lt.shape, lt.fmt)
+            s.tiu(tiu.mul(scaled, lt, int(bf16_bits(np.float32(act.alpha)))))
+            pick = tiu.maximum if act.alpha <= 1 else tiu.minimum
+            s.tiu(pick(lt, lt, scaled))
+        else:
+            raise UserError(f"op '{op.name}': {q.mode} {act.kind} has no cv18xx kernel yet")
+        dma.store(s, lt, _part(y, b, cs, hs))
+
+
+@kernel("activation")
+def activation(cg: Codegen, op: Op) -> None:
+    q = quant_of(op)
+    if q.mode == "int8" and q.lut is not None:
+        raise UserError(f"op '{op.name}': int8 {op.attrs.act.kind} needs a lookup table, not supported yet")
+    _relu_like(cg, op)

@@ -1,0 +1,120 @@
+"""Fully-connected kernels (Gemm / MatMul with a constant right operand) on the TIU matrix unit.
+
+Matrices use the local matrix layout: a row of `cols` values is split into groups of one EU width (16 int8
+or 8 bf16 values), group g in lane g % lanes (specs/cv18xx.md §3.4 "matrix multiply"). int8 requantizes with
+one 32-bit multiplier and a right shift and adds an int32 bias held as four byte planes; bf16 adds an fp32
+bias held as a high-16 plane and a low-16 plane.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.backends.cv18xx import dma, tiu
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.kernels.elementwise import clamp
+from npuc.backends.cv18xx.lmem import ESIZE, GTensor, LTensor, align
+from npuc.backends.cv18xx.weights import bf16_bits, fp32_planes, int32_planes
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Op
+
+MAX_K = 4095  # the opd1_n field
+
+
+class MatrixLayout:
+    def __init__(self, cg: Codegen, fmt: str) -> None:
+        self.chip = cg.chip
+        self.fmt = fmt
+        self.group = cg.chip.eu_bytes // ESIZE[fmt]
+
+    def groups(self, cols: int) -> int:
+        return -(-cols // self.group)
+
+    def lane_bytes(self, rows: int, cols: int) -> int:
+        return align(rows * -(-self.groups(cols) // self.chip.lanes) * self.chip.eu_bytes)
+
+    def tensors(self, addr: int, rows: int, cols: int) -> tuple[LTensor, LTensor]:
+        """(TIU view with full groups, TDMA view with the real column count) of one local matrix."""
+        c = self.groups(cols)
+        e = ESIZE[self.fmt]
+        n_str = self.chip.eu_bytes * -(-c // self.chip.lanes)
+        full = LTensor(addr, (rows, c, 1, self.group), self.fmt, (n_str, self.chip.eu_bytes, self.group * e, e))
+        w = min(cols, self.group)
+        moved = LTensor(addr, (rows, c, 1, w), self.fmt, (n_str, self.chip.eu_bytes, w * e, e))
+        return full, moved
+
+
+def _operands(cg: Codegen, op: Op) -> tuple[np.ndarray, np.ndarray | None]:
+    w = cg.const(op.inputs[1])
+    if op.kind == "gemm":
+        if op.attrs.trans_a:
+            raise UserError(f"op '{op.name}': Gemm with transA has no cv18xx kernel")
+        if op.attrs.trans_b:
+            w = w.T
+    if w.ndim != 2:
+        raise UserError(f"op '{op.name}': a {w.ndim}-D right operand has no cv18xx kernel (only 2-D weights)")
+    bias = cg.const(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
+    return np.ascontiguousarray(w), bias
+
+
+@kernel("gemm", "matmul")
+def fully_connected(cg: Codegen, op: Op) -> None:
+    q = quant_of(op)
+    bf16 = q.mode == "bf16"
+    fmt = "bf16" if bf16 else "i8"
+    e = ESIZE[fmt]
+    w, bias = _operands(cg, op)
+    k, cols = w.shape
+    in_shape = cg.graph.shape(op.inputs[0])
+    rows = int(np.prod(in_shape[:-1])) if len(in_shape) > 1 else 1
+    if in_shape[-1] != k:
+        raise UserError(f"op '{op.name}': input {in_shape} does not end in the weight's {k} rows")
+    if k > MAX_K:
+        raise UserError(f"op '{op.name}': K = {k} exceeds the {MAX_K} rows one matrix instruction takes")
+    relu, _ = fused_relu(op)
+    layout = MatrixLayout(cg, fmt)
+    weight = cg.weights.add(f"{op.name}_filter", bf16_bits(w) if bf16 else np.asarray(w, np.int8), fmt)
+    planes = 2 if bf16 else 4
+    gbias = None
+    if bias is not None:
+        data = fp32_planes(bias) if bf16 else int32_planes(np.asarray(bias, np.int64).astype(np.int32))
+        gbias = cg.weights.add(f"{op.name}_bias", data, fmt)
+    x = GTensor.contiguous(cg.plan.places[op.inputs[0]].region, cg.plan.places[op.inputs[0]].offset,
+                           (1, 1, rows, k), fmt)  # fmt: skip
+    yp = cg.plan.places[op.outputs[0]]
+    chip, s = cg.chip, cg.stream
+    # column tiles whose weights (K rows) take at most half a lane, then as many rows as fit
+    tile_cols = cols
+    while tile_cols > layout.group and layout.lane_bytes(k, tile_cols) > chip.lmem_size // 2:
+        tile_cols = max(layout.group, (tile_cols // 2 + layout.group - 1) // layout.group * layout.group)
+    fixed = layout.lane_bytes(k, tile_cols) + (layout.lane_bytes(planes, tile_cols) if gbias is not None else 0)
+    per_row = layout.lane_bytes(1, k) + layout.lane_bytes(1, tile_cols)
+    tile_rows = min(rows, MAX_K, (chip.lmem_size - fixed) // per_row)
+    if tile_rows < 1:
+        raise UserError(f"op '{op.name}': a {k}x{tile_cols} weight tile does not fit in {chip.name} local memory")
+    for c0 in range(0, cols, tile_cols):
+        c1 = min(cols, c0 + tile_cols)
+        nc = c1 - c0
+        top = 0
+        right, right_moved = layout.tensors(top, k, nc)
+        top += layout.lane_bytes(k, nc)
+        dma.load_matrix(s, GTensor(weight.region, weight.offset + c0 * e, (1,) * 4, fmt), k, nc, cols * e,
+                        right_moved)  # fmt: skip
+        lbias = None
+        if gbias is not None:
+            lbias, bias_moved = layout.tensors(top, planes, nc)
+            top += layout.lane_bytes(planes, nc)
+            dma.load_matrix(s, GTensor(gbias.region, gbias.offset + c0 * e, (1,) * 4, fmt), planes, nc,
+                            cols * e, bias_moved)  # fmt: skip
+        for r0 in range(0, rows, tile_rows):
+            r1 = min(rows, r0 + tile_rows)
+            m = r1 - r0
+            left, left_moved = layout.tensors(top, m, k)
+            out_addr = top + layout.lane_bytes(m, k)
+            out, out_moved = layout.tensors(out_addr, m, nc)
+            dma.load_matrix(s, GTensor(x.region, x.offset + r0 * k * e, (1,) * 4, fmt), m, k, k * e, left_moved)
+            mult = int(np.asarray(q.multiplier).ravel()[0]) if not bf16 else 0
+            rshift = int(np.asarray(q.rshift).ravel()[0]) if not bf16 else 0
+            s.tiu(tiu.matmul(out, left, right, lbias, k, mult, rshift, relu))
+            clamp(cg, op, out)
+            dst = GTensor(yp.region, yp.offset + (r0 * cols + c0) * e, (1,) * 4, fmt)
+            dma.store_matrix(s, out_moved, dst, m, nc, cols * e)

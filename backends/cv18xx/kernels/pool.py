@@ -1,0 +1,91 @@
+"""Pooling kernels: max and average pooling (TIU pool ops), global pooling as one window over H x W.
+
+int8 max pooling pads with -128 and keeps the input's scale; int8 average pooling multiplies the window sum
+by an int8 constant and shifts right (multiplier and shift from the quantize pass); bf16 average pooling
+multiplies by the bf16 value of 1/(kh*kw), as the hardware has no divider.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.backends.cv18xx import dma, tiu
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, row_tiles
+from npuc.backends.cv18xx.lmem import GTensor, local_bytes
+from npuc.backends.cv18xx.weights import bf16_bits
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Op
+
+BF16_LOWEST = 0xFF7F  # the most negative finite bf16: the max-pool pad value
+
+
+def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -> None:
+    chip, s = cg.chip, cg.stream
+    q = quant_of(op)
+    bf16 = q.mode == "bf16"
+    fmt = x.fmt
+    n, c = x.shape[:2]
+    relu, relu_max = fused_relu(op)
+    if mode == "avg":
+        if bf16:
+            mult, rshift = int(bf16_bits(np.float32(1.0 / (g.kh * g.kw)))), 0
+        else:
+            mult, rshift = int(np.asarray(q.multiplier).ravel()[0]), int(np.asarray(q.rshift).ravel()[0])
+    if max(g.pads) >= 16 or max(g.sh, g.sw) >= 16 or g.dh != 1 or g.dw != 1:
+        raise UserError(f"op '{op.name}': pool pads/strides >= 16 or dilation are beyond the TIU pool fields")
+    local = cg.local(op)
+    tile_c = c
+    while tile_c > chip.lanes and local_bytes(chip, (1, tile_c, min(g.ih, g.rows_needed(1)), g.iw), fmt) + \
+            local_bytes(chip, (1, tile_c, 1, g.ow), fmt) > chip.lmem_size:  # fmt: skip
+        tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
+    for c0 in range(0, c, tile_c):
+        c1 = min(c, c0 + tile_c)
+        t = c1 - c0
+
+        def fits(rows: int, t: int = t) -> bool:
+            need = local_bytes(chip, (1, t, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
+            return need + local_bytes(chip, (1, t, rows, g.ow), fmt) <= chip.lmem_size
+
+        rows = largest_fit(g.oh, fits)
+        if rows == 0:
+            raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
+        for b in range(n):
+            for tile in row_tiles(g, rows):
+                local.reset()
+                lx = local.tensor((1, t, tile.ih1 - tile.ih0, g.iw), fmt)
+                ly = local.tensor((1, t, tile.oh1 - tile.oh0, g.ow), fmt)
+                dma.load(s, x.slice(n=(b, b + 1), c=(c0, c1), h=(tile.ih0, tile.ih1)), lx)
+                if mode == "max":
+                    s.tiu(tiu.max_pool(ly, lx, tile.window, BF16_LOWEST if bf16 else -128))
+                    if relu:
+                        s.tiu(tiu.maximum(ly, ly, 0))
+                else:
+                    s.tiu(tiu.avg_pool(ly, lx, tile.window, mult, rshift, relu))
+                if relu_max is not None:
+                    s.tiu(tiu.minimum(ly, ly, relu_max))
+                dma.store(s, ly, y.slice(n=(b, b + 1), c=(c0, c1), h=(tile.oh0, tile.oh1)))
+
+
+@kernel("pool2d")
+def pool2d(cg: Codegen, op: Op) -> None:
+    a = op.attrs
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    top, left, _, _ = a.pads
+    ih, iw, oh, ow = x.shape[2], x.shape[3], y.shape[2], y.shape[3]
+    # ceil-mode windows read past the input: the bottom/right pads cover them
+    bottom = max(0, (oh - 1) * a.strides[0] + a.kernel[0] - ih - top)
+    right = max(0, (ow - 1) * a.strides[1] + a.kernel[1] - iw - left)
+    if a.mode == "avg" and not a.count_include_pad and any(a.pads) and quant_of(op).mode == "bf16":
+        raise UserError(f"op '{op.name}': average pooling that excludes the padding has no cv18xx kernel")
+    g = Geometry(*a.kernel, *a.strides, *a.dilations, (top, left, bottom, right), ih, iw, oh, ow)
+    _pool(cg, op, a.mode, g, x, y)
+
+
+@kernel("global_pool")
+def global_pool(cg: Codegen, op: Op) -> None:
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    ih, iw = x.shape[2], x.shape[3]
+    if ih > 4095 or iw > 4095:
+        raise UserError(f"op '{op.name}': a {ih}x{iw} global pool exceeds the TIU kernel size fields")
+    g = Geometry(ih, iw, 1, 1, 1, 1, (0, 0, 0, 0), ih, iw, 1, 1)
+    _pool(cg, op, op.attrs.mode, g, x, y)

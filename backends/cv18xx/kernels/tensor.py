@@ -1,0 +1,145 @@
+"""Data-movement kernels: reshape copies, concat, format casts at the model's edges, nearest upsampling.
+
+Casts build fp32 words out of bf16 halves: the TPU has no fp32 arithmetic, so int8 -> fp32 converts to bf16
+on the load, multiplies by the bf16 scale and writes the bf16 into the high half of zeroed 4-byte words;
+fp32 -> bf16 keeps the high halves (truncation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from npuc.backends.cv18xx import dma, tiu
+from npuc.backends.cv18xx.codegen import Codegen, kernel, quant_of, to4d
+from npuc.backends.cv18xx.kernels.elementwise import _part, tiles
+from npuc.backends.cv18xx.lmem import GTensor, LTensor
+from npuc.backends.cv18xx.weights import bf16_bits
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Op
+
+
+def _copy(cg: Codegen, src: GTensor, dst: GTensor) -> None:
+    """gmem -> lmem -> gmem copy of equally shaped views."""
+    s = cg.stream
+    local = cg.local_named("copy")
+    for b, cs, hs in tiles(cg, src.shape, src.fmt, 1):
+        local.reset()
+        lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], src.shape[3]), src.fmt)
+        dma.load(s, _part(src, b, cs, hs), lt)
+        dma.store(s, lt, _part(dst, b, cs, hs))
+
+
+@kernel("reshape", "flatten", "squeeze", "unsqueeze")
+def reshape(cg: Codegen, op: Op) -> None:
+    src, dst = cg.plan.places[op.inputs[0]], cg.plan.places[op.outputs[0]]
+    if src == dst:
+        return  # the memory plan made the output an alias of the input
+    x = cg.gtensor(op.inputs[0])
+    _copy(cg, x, x.__class__.contiguous(dst.region, dst.offset, x.shape, x.fmt))
+
+
+@kernel("concat")
+def concat(cg: Codegen, op: Op) -> None:
+    q = quant_of(op)
+    out_shape = cg.graph.shape(op.outputs[0])
+    axis = op.attrs.axis % len(out_shape)
+    outer = int(np.prod(out_shape[:axis]))
+    inner = int(np.prod(out_shape[axis + 1 :]))
+    y = cg.gtensor(op.outputs[0])
+    e = 2 if y.fmt == "bf16" else 1
+    total = out_shape[axis]
+    mults = np.asarray(q.multiplier).ravel() if q.multiplier is not None else None
+    shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(op.inputs),)) if q.rshift is not None else None
+    s = cg.stream
+    start = 0
+    for i, name in enumerate(op.inputs):
+        size = cg.graph.shape(name)[axis]
+        place = cg.plan.places[name]
+        # (outer, size, 1, inner) views of the input and of its slot in the output
+        src = GTensor(place.region, place.offset, (outer, size, 1, inner), y.fmt,
+                      (size * inner * e, inner * e, inner * e, e))  # fmt: skip
+        dst = GTensor(y.region, y.offset + start * inner * e, (outer, size, 1, inner), y.fmt,
+                      (total * inner * e, inner * e, inner * e, e))  # fmt: skip
+        rescale = mults is not None and (int(mults[i]) != 1 or int(shifts[i]) != 0)
+        local = cg.local(op)
+        for b, cs, hs in tiles(cg, src.shape, src.fmt, 1):
+            local.reset()
+            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], inner), src.fmt)
+            dma.load(s, _part(src, b, cs, hs), lt)
+            if rescale:
+                s.tiu(tiu.mul(lt, lt, int(mults[i]), int(shifts[i])))
+            dma.store(s, lt, _part(dst, b, cs, hs))
+        start += size
+
+
+def _high_halves(f32: LTensor, shape: tuple[int, int, int, int]) -> LTensor:
+    """The bf16 high halves of a local tile of fp32 words (stored as bf16 pairs)."""
+    n_str, c_str, h_str, _ = f32.strides
+    return LTensor(f32.addr + 2, shape, "bf16", (n_str, c_str, h_str, 4))
+
+
+@kernel("cast")
+def cast(cg: Codegen, op: Op) -> None:
+    src_fmt, dst_fmt = cg.fmt[op.inputs[0]], cg.fmt[op.outputs[0]]
+    q = quant_of(op)
+    shape = to4d(cg.graph.shape(op.inputs[0]))
+    x = cg.gtensor(op.inputs[0], shape)
+    y = cg.gtensor(op.outputs[0], shape)
+    s = cg.stream
+    local = cg.local(op)
+    w = shape[3]
+    for b, cs, hs in tiles(cg, shape, "bf16", 4):
+        local.reset()
+        part = (1, cs[1] - cs[0], hs[1] - hs[0], w)
+        if dst_fmt == "float32":
+            lx = local.tensor(part, "bf16")
+            dma.load(s, _part(x, b, cs, hs), lx)  # int8 -> bf16 converts exactly on the way in
+            f32 = local.tensor((*part[:3], 2 * w), "bf16")
+            s.tiu(tiu.xor_zero(LTensor(f32.addr, (*part[:3], 4 * w), "i8", f32.strides[:3] + (1,))))
+            if src_fmt == "int8":
+                scale = int(bf16_bits(np.float32(q.inputs[0].scale)))
+                s.tiu(tiu.mul(_high_halves(f32, part), lx, scale))
+            else:
+                s.tiu(tiu.copy(_high_halves(f32, part), lx))
+            dma.store(s, f32, _part(y, b, cs, hs))
+        elif src_fmt == "float32" and dst_fmt == "bf16":
+            f32 = local.tensor((*part[:3], 2 * w), "bf16")
+            dma.load(s, _part(x, b, cs, hs), f32)
+            ly = local.tensor(part, "bf16")
+            s.tiu(tiu.copy(ly, _high_halves(f32, part)))
+            dma.store(s, ly, _part(y, b, cs, hs))
+        elif src_fmt == "int8" and dst_fmt == "bf16":
+            lx = local.tensor(part, "bf16")
+            dma.load(s, _part(x, b, cs, hs), lx)
+            s.tiu(tiu.mul(lx, lx, int(bf16_bits(np.float32(q.inputs[0].scale)))))
+            dma.store(s, lx, _part(y, b, cs, hs))
+        else:
+            raise UserError(
+                f"op '{op.name}': a {src_fmt} -> {dst_fmt} cast inside the TPU routine has no cv18xx kernel; "
+                "keep the neighbouring layers in one format (--float-layers) or use --quant bf16"
+            )
+
+
+@kernel("resize")
+def resize(cg: Codegen, op: Op) -> None:
+    a = op.attrs
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    n, c, ih, iw = x.shape
+    oh, ow = y.shape[2], y.shape[3]
+    if a.mode != "nearest" or oh % ih or ow % iw:
+        raise UserError(f"op '{op.name}': only nearest resizing by integer factors has a cv18xx kernel")
+    sh, sw = oh // ih, ow // iw
+    e = 2 if x.fmt == "bf16" else 1
+    s = cg.stream
+    local = cg.local(op)
+    for b, cs, hs in tiles(cg, x.shape, x.fmt, 1 + sh * sw):
+        local.reset()
+        rows = hs[1] - hs[0]
+        lx = local.tensor((1, cs[1] - cs[0], rows, iw), x.fmt)
+        ly = local.tensor((1, cs[1] - cs[0], rows * sh, ow), x.fmt)
+        dma.load(s, _part(x, b, cs, hs), lx)
+        for i in range(sh):
+            for j in range(sw):
+                dst = LTensor(ly.addr + (i * ow + j) * e, lx.shape, x.fmt, (ly.strides[0], ly.strides[1], sh * ow * e,
+                              sw * e))  # fmt: skip
+                s.tiu(tiu.copy(dst, lx))
+        dma.store(s, ly, y.slice(n=(b, b + 1), c=cs, h=(hs[0] * sh, hs[1] * sh)))

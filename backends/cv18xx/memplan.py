@@ -1,0 +1,135 @@
+"""Global-memory plan of one program: where every activation tensor lives (specs/cv18xx.md §2.2).
+
+- model inputs and outputs: one io region each (3, 4, ...; at most 5, the rest go to private memory);
+- tensors a CPU routine touches: the private region;
+- every other activation: the shared region, reused once its last reader has run (first-fit over a free
+  list, 16-byte aligned); a reshape's output is the same bytes as its input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from npuc.backends.cv18xx.lmem import ALIGN, align
+from npuc.compiler.ir import Graph, Op
+
+REGION_SHARED, REGION_PRIVATE, REGION_IO0 = 0, 2, 3
+MAX_IO_REGIONS = 5
+ELEMENT_BYTES = {"int8": 1, "uint8": 1, "bf16": 2, "float32": 4, "int32": 4}
+
+
+@dataclass(frozen=True)
+class Placement:
+    region: int
+    offset: int
+    size: int
+
+
+@dataclass
+class MemoryPlan:
+    places: dict[str, Placement] = field(default_factory=dict)
+    shared_size: int = 0
+    private_size: int = 0
+    overwritten: set[str] = field(default_factory=set)  # tensors whose bytes a later tensor reuses
+
+
+def tensor_bytes(graph: Graph, name: str, fmt: str) -> int:
+    return int(np.prod(graph.shape(name), dtype=np.int64)) * ELEMENT_BYTES[fmt]
+
+
+class _FreeList:
+    def __init__(self) -> None:
+        self.free: list[tuple[int, int]] = []  # (offset, size), sorted
+        self.top = 0
+
+    def alloc(self, size: int) -> int:
+        size = align(size)
+        for i, (off, sz) in enumerate(self.free):
+            if sz >= size:
+                self.free[i : i + 1] = [(off + size, sz - size)] if sz > size else []
+                return off
+        off, self.top = self.top, self.top + size
+        return off
+
+    def release(self, off: int, size: int) -> None:
+        self.free.append((off, align(size)))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, s in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        if merged and merged[-1][0] + merged[-1][1] == self.top:
+            self.top = merged.pop()[0]
+        self.free = merged
+
+
+def plan_memory(
+    graph: Graph,
+    ops: list[Op],
+    fmt: dict[str, str],
+    io_tensors: list[str],
+    private: list[str],
+    aliases: dict[str, str],
+) -> MemoryPlan:
+    """Place the tensors of `ops` (in execution order). `fmt`: element format per tensor; `aliases`: tensor ->
+    the tensor whose bytes it shares (reshape outputs)."""
+    plan = MemoryPlan()
+
+    def root(name: str) -> str:
+        while name in aliases:
+            name = aliases[name]
+        return name
+
+    private_top = 0
+    for i, name in enumerate(io_tensors):
+        size = tensor_bytes(graph, name, fmt[name])
+        if i < MAX_IO_REGIONS:
+            plan.places[name] = Placement(REGION_IO0 + i, 0, size)
+        else:
+            private.append(name)
+    for name in private:
+        if name in plan.places:
+            continue
+        size = tensor_bytes(graph, name, fmt[name])
+        plan.places[name] = Placement(REGION_PRIVATE, private_top, size)
+        private_top += align(size, ALIGN)
+    plan.private_size = private_top
+
+    last_use: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        for name in [*op.inputs, *op.outputs]:
+            if name and not graph.tensors[name].is_const:
+                last_use[root(name)] = i
+    shared = _FreeList()
+    live: dict[str, Placement] = {}
+    history: list[tuple[str, Placement, int]] = []  # (tensor, place, index of definition)
+    for i, op in enumerate(ops):
+        for out in op.outputs:
+            r = root(out)
+            if r in plan.places or out in plan.places:
+                plan.places.setdefault(out, plan.places[r])
+                continue
+            if r != out:  # an alias of a tensor placed earlier
+                plan.places[out] = plan.places[r]
+                continue
+            size = tensor_bytes(graph, out, fmt[out])
+            place = Placement(REGION_SHARED, shared.alloc(size), size)
+            plan.places[out] = live[out] = place
+            history.append((out, place, i))
+        for name in [n for n, _ in list(live.items()) if last_use.get(n, -1) <= i]:
+            place = live.pop(name)
+            shared.release(place.offset, place.size)
+        plan.shared_size = max(plan.shared_size, shared.top)
+    for j, (name, place, _) in enumerate(history):
+        for _, oplace, _ in history[j + 1 :]:
+            if oplace.offset < place.offset + place.size and place.offset < oplace.offset + oplace.size:
+                plan.overwritten.add(name)
+                break
+    # every alias of a tensor shares its fate
+    for name in list(plan.places):
+        if root(name) in plan.overwritten:
+            plan.overwritten.add(name)
+    return plan
