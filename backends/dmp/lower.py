@@ -18,6 +18,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 
 from . import weights as wpack
+from .convert import u8_table
 from .layers import (
     CONV_OFF,
     WFMT_8BIT,
@@ -31,7 +32,6 @@ from .layers import (
 from .validate import check_layer
 
 MEM_ALIGN = 16
-U8_TABLE_BYTES = 6 * 256
 
 
 @dataclass
@@ -80,6 +80,7 @@ class Lowering:
     sizes: list[int] = field(default_factory=list)  # bytes per buffer id
     run_weights: dict[int, RunWeights] = field(default_factory=dict)  # id(run) -> weights
     consumed: set[str] = field(default_factory=set)  # ops absorbed into an earlier run
+    parents: dict[int, tuple[int, int]] = field(default_factory=dict)  # buffer -> (enclosing buffer, byte offset)
 
     # ---- helpers used by the op handlers --------------------------------------------------------------
     def new_buffer(self, nbytes: int) -> int:
@@ -145,7 +146,7 @@ def lower_graph(
     graph: Graph, *, name: str, quantized: bool, input_convert: dict[str, Any] | None = None
 ) -> tuple[Network, bytes]:
     """The layer table and the packed weights file of `graph` (a canonical float IR graph)."""
-    from . import lower_cpu, lower_ops, lower_pool  # noqa: F401  (register the op handlers)
+    from . import lower_concat, lower_cpu, lower_ops, lower_pool  # noqa: F401  (register the op handlers)
 
     if len(graph.inputs) != 1:
         raise UserError(f"DMP networks have one input; this model has {len(graph.inputs)}: {graph.inputs}")
@@ -178,7 +179,7 @@ def lower_graph(
     blob = _pack_weights(ctx)
     table = b""
     if u8:
-        table = _u8_table(convert, c)
+        table = u8_table(convert, c)
         ctx.layers[0].conv.u8tofp16_offs = len(blob)
     for i, (layer, refs) in enumerate(zip(ctx.layers, ctx.refs)):
         layer.input_offs, layer.output_offs = offsets[refs.input], offsets[refs.output]
@@ -233,7 +234,11 @@ def _bind_outputs(ctx: Lowering) -> list[tuple[TensorBinding, Value]]:
 
 
 def _allocate(ctx: Lowering, src: Value) -> list[int]:
-    """First-fit by offset over live ranges (buffer alive from its producing layer to its last reader)."""
+    """First-fit by offset over live ranges (buffer alive from its producing layer to its last reader).
+
+    A buffer placed inside another (an LT_CONCAT input) is not allocated itself: it lives at its offset in
+    the enclosing buffer, whose live range covers its own.
+    """
     n = len(ctx.layers)
     first = [n] * len(ctx.sizes)
     last = [-1] * len(ctx.sizes)
@@ -248,11 +253,15 @@ def _allocate(ctx: Lowering, src: Value) -> list[int]:
             last[ctx.refs[j].output] = max(last[ctx.refs[j].output], layer_index)
     for name in ctx.graph.outputs:
         last[ctx.values[name].buf] = n
+    root = {b: _root(ctx, b) for b in range(len(ctx.sizes))}
+    for b, (top, _) in root.items():
+        if top != b:
+            first[top], last[top] = min(first[top], first[b]), max(last[top], last[b])
     offsets = [0] * len(ctx.sizes)
     live: list[tuple[int, int, int]] = []  # (offset, size, last use)
     for b in sorted(range(len(ctx.sizes)), key=lambda k: (first[k], k)):
-        if first[b] >= n and last[b] < 0:
-            continue  # never used
+        if root[b][0] != b or (first[b] >= n and last[b] < 0):
+            continue  # placed inside another buffer, or never used
         live = [entry for entry in live if entry[2] >= first[b]]
         size, offs = _round(ctx.sizes[b]), 0
         for start, length, _ in sorted(live):
@@ -261,7 +270,19 @@ def _allocate(ctx: Lowering, src: Value) -> list[int]:
             offs = max(offs, start + length)
         offsets[b] = offs
         live.append((offs, size, max(last[b], first[b])))
+    for b, (top, delta) in root.items():
+        if top != b:
+            offsets[b] = offsets[top] + delta
     return offsets
+
+
+def _root(ctx: Lowering, buf: int) -> tuple[int, int]:
+    """The outermost enclosing buffer of `buf` and `buf`'s byte offset inside it."""
+    delta = 0
+    while buf in ctx.parents:
+        buf, step = ctx.parents[buf]
+        delta += step
+    return buf, delta
 
 
 def _pack_weights(ctx: Lowering) -> bytes:
@@ -291,18 +312,8 @@ def _attach_u8_table(ctx: Lowering, src: Value) -> None:
     if first.conv is None or users != [0] or first.conv.runs[0].conv_enable == CONV_OFF:
         raise UserError(
             "input conversion (u8→fp16 table) needs the network input to feed exactly one conv layer; "
-            "build without --input-convert"
+            "build without the convert option"
         )
-
-
-def _u8_table(convert: dict[str, Any], channels: int) -> bytes:
-    """6x256 bytes: per channel (3 used), fp16 of (i - mean[c]) * scale[c] for i = 0..255."""
-    if channels > 3:
-        raise UserError(f"the u8→fp16 input table converts at most 3 channels; this input has {channels}")
-    mean = np.broadcast_to(np.asarray(convert.get("mean", 0.0), np.float64), (3,))
-    scale = np.broadcast_to(np.asarray(convert.get("scale", 1.0), np.float64), (3,))
-    table = (np.arange(256)[None, :] - mean[:, None]) * scale[:, None]
-    return table.astype(np.float16).tobytes()
 
 
 def set_act(run: Run, code: int, param: float = 0.0) -> None:

@@ -1,4 +1,4 @@
-"""Lowering of layout ops and CPU layers: transposes as views, flatten, softmax and channel concat."""
+"""Lowering of layout ops and CPU layers: transposes as views, flatten and softmax."""
 
 from __future__ import annotations
 
@@ -76,20 +76,4 @@ def lower_softmax(ctx: Lowering, op: Op) -> None:
     ctx.add_layer(layer, src, out)
     if src.dims[0] * src.dims[1] == 1:
         layer.output_dim = [src.dims[2]]
-    ctx.values[op.outputs[0]] = out
-
-
-@lowers("concat")
-def lower_concat(ctx: Lowering, op: Op) -> None:
-    """Channel concat as LT_COPY_CONCAT (a CPU copy that re-chunks the inputs into one FPGA-layout tensor)."""
-    srcs = [ctx.value(op, i) for i in range(len(op.inputs))]
-    if op.attrs.axis % 4 != 1 or any(s.view != "nchw" or s.layout != "whc8" for s in srcs):
-        raise UserError(f"concat '{op.name}': DV700 concatenates NCHW FPGA-layout tensors along channels only")
-    if any(s.layer is None for s in srcs):
-        raise UserError(f"concat '{op.name}' reads the network input directly; put a layer before it")
-    w, h, _ = srcs[0].dims
-    c = sum(s.dims[2] for s in srcs)
-    out = Value(ctx.new_buffer(w * h * c * 2), (w, h, c))
-    layer = Layer(op.name, "LT_COPY_CONCAT", 0, 0, 0, [], [], input_layers=[s.layer for s in srcs], ops=[op.name])
-    ctx.add_layer(layer, srcs[0], out)
     ctx.values[op.outputs[0]] = out

@@ -38,7 +38,7 @@ from .layers import (
     unpack4,
 )
 from .layout import whc8_decode, whc8_encode
-from .validate import check_layer, run_output_dims
+from .validate import check_layer, layer_output_dims, run_input_dims, run_output_dims
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -160,17 +160,41 @@ def _conv_layer(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> No
         hwc = lut[np.arange(conf.c)[None, None, :], raw[..., order]]
     else:
         hwc = mem.read_hwc(layer.input_offs, dims, True)
-    x = hwc.astype(np.float32).transpose(2, 0, 1)[None]
+    out_dims = layer_output_dims(conf)
+    if list(out_dims) != list(layer.output_dim[-3:]) and int(np.prod(out_dims)) != int(np.prod(layer.output_dim)):
+        raise CorruptFileError(f"layer '{layer.name}' computes {out_dims} but declares output {layer.output_dim}")
+    layer_input = hwc.astype(np.float32).transpose(2, 0, 1)[None]
+    x, written = layer_input, 0
+    in_dims = run_input_dims(conf)
     for r, run in enumerate(conf.runs):
-        out_dims = run_output_dims(run, dims)
+        out_dims = run_output_dims(run, in_dims[r])
         eltwise = None
         if conf.output_mode == 1 and conf.eltwise_offs is not None and r == len(conf.runs) - 1:
             eltwise = mem.read_hwc(conf.eltwise_offs, out_dims, True).astype(np.float32).transpose(2, 0, 1)[None]
         x = execute_run(x, run, blob, eltwise)
-        dims = out_dims
-    if list(dims) != list(layer.output_dim[-3:]) and int(np.prod(dims)) != int(np.prod(layer.output_dim)):
-        raise CorruptFileError(f"layer '{layer.name}' computes {dims} but declares output {layer.output_dim}")
-    mem.write(layer.output_offs, whc8_encode(x[0].transpose(1, 2, 0).astype(np.float16)))
+        if conf.topo >> r & 1:  # to memory: this branch's output follows the previous ones; restart from input
+            data = whc8_encode(x[0].transpose(1, 2, 0).astype(np.float16))
+            mem.write(layer.output_offs + written, data)
+            written += data.nbytes
+            x = layer_input
+
+
+def _concat(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> None:
+    """LT_CONCAT does nothing at run time: its inputs must already sit side by side in its output region."""
+    offs = layer.output_offs
+    for j in layer.input_layers:
+        if not 0 <= j < len(net.layers):
+            raise CorruptFileError(f"concat '{layer.name}' names input layer {j}, which does not exist")
+        src = net.layers[j]
+        if src.output_offs != offs:
+            raise CorruptFileError(
+                f"concat '{layer.name}': input layer {j} writes at {src.output_offs}, not at {offs} beside the "
+                "previous input; regenerate the output"
+            )
+        offs += src.output_size
+    if offs - layer.output_offs != layer.output_size:
+        raise CorruptFileError(f"concat '{layer.name}': inputs cover {offs - layer.output_offs} of its "
+                               f"{layer.output_size} bytes; regenerate the output")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -249,6 +273,7 @@ LAYER_KERNELS: dict[str, Callable[[Layer, Memory, np.ndarray, Network], None]] =
     "LT_CONV": _conv_layer,
     "LT_FLATTEN": _flatten,
     "LT_SOFTMAX": _softmax,
+    "LT_CONCAT": _concat,
     "LT_COPY_CONCAT": _copy_concat,
     "LT_CUSTOM": _custom,
 }

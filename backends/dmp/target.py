@@ -1,39 +1,26 @@
 """The `dmp` target: DMP DV700 generated C++ (`C<NET> : CDMP_Network`) plus packed weights.
 
-Options read from `request.options` (all optional):
+Options read from `request.options` (all optional; `npuc build --option KEY=VALUE`):
 - `name`: the network/class name (default: the model file's stem, made a C identifier);
-- `input_convert`: DMP input conversion policy of the first conv (conv v1 u8→fp16 table):
-  "none" (fp16 input, the default), "div_255" (x/255), "mean_scale" ((x - mean) * scale);
-- `mean`, `scale`: one or three numbers for "mean_scale"; `color`: "rgb" (default) or "bgr" (sets to_bgr).
+- `convert` (alias `input_convert`): the input convert policy of the DMP network API. The network then takes
+  uint8 pixels and the first conv's v1 command converts them through a 6x256-byte u8→fp16 table:
+  "none" (fp16 input, the default), "div_255" (x/255), "minus_128" (x-128), "minus_128_div_128"
+  ((x-128)/128), "minus_127_5_div_128" ((x-127.5)/128), "direct" (x), or "mean_scale" ((x-mean)*scale);
+- `mean`, `scale`: one or three numbers, for "mean_scale" only; `color`: "rgb" (default) or "bgr" (sets
+  to_bgr: the table is applied to the channels in reverse order).
 `request.quant`: "fp16" (default) or "8bit" (one 255-cluster fp16 LUT per layer; PReLU layers stay fp16).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from npuc.compiler.errors import UserError
 from npuc.compiler.targets import BuildRequest, BuildResult, Target, register_target
 
 from .codegen import c_identifier, write_output
+from .convert import input_convert
 from .lower import lower_graph
 
 WEIGHT_FORMATS = {"fp16": False, "8bit": True}
-CONVERT_POLICIES = ("none", "div_255", "mean_scale")
-
-
-def input_convert(options: dict[str, Any]) -> dict[str, Any]:
-    """The u8→fp16 conversion settings from the target options (empty when disabled)."""
-    policy = options.get("input_convert", "none")
-    if policy not in CONVERT_POLICIES:
-        raise UserError(f"input_convert '{policy}' is not one of {', '.join(CONVERT_POLICIES)}")
-    color = options.get("color", "rgb")
-    if color not in ("rgb", "bgr"):
-        raise UserError(f"color '{color}' must be rgb or bgr")
-    if policy == "none":
-        return {}
-    mean, scale = (0.0, 1.0 / 255.0) if policy == "div_255" else (options.get("mean", 0.0), options.get("scale", 1.0))
-    return {"policy": policy, "mean": mean, "scale": scale, "color": color}
 
 
 def build(request: BuildRequest) -> BuildResult:
@@ -61,9 +48,10 @@ register_target(
         chips=("dv700",),
         number_formats=("fp16", "8bit"),
         artifact="folder: <NET>_gen.h/.cpp (C<NET> : CDMP_Network), <NET>_weights.bin, <NET>_layers.json",
-        status="builds conv/depthwise/dilated/pool/add/FC/softmax networks (CPU custom layers for hard-swish, "
-        "hard-sigmoid, channel mul) into compilable C++ and vendor-packed fp16 or 8-bit LUT weights; runs in "
-        "npuc's fp16 simulator; not checked on DV700 hardware",
+        status="builds conv/depthwise/dilated/pool/add/FC/softmax/concat networks (branches into a concat as one "
+        "multi-run layer; CPU custom layers for hard-swish, hard-sigmoid, channel mul) into compilable C++ and "
+        "vendor-packed fp16 or 8-bit LUT weights, with the u8→fp16 input convert policies; runs in npuc's fp16 "
+        "simulator; not checked on DV700 hardware",
         build=build,
     )
 )

@@ -1,7 +1,8 @@
 """The DV700 runtime checks of a conv command (spec §1.7, the driver's CheckRaw_v0), applied at build time
 and again when an artifact is loaded, so npuc never emits or runs a command the driver would refuse.
 
-Not checked: the UBUF tile usage (`ubuf_get_single_tile_usage`), which needs the kernel driver's tiling math.
+Not checked: the UBUF tile usage (`ubuf_get_single_tile_usage`), which needs the kernel driver's tiling math
+(not in the spec); multi-run layers are only formed under npuc's own conservative bound (lower_concat.py).
 """
 
 from __future__ import annotations
@@ -167,12 +168,44 @@ def check_layer(index: int, layer: Layer) -> None:
     for key, limit in LIMITS.items():
         if getattr(conf, key) > limit:
             raise UserError(f"{where}: input {key} = {getattr(conf, key)} exceeds the DV700 limit {limit}")
-    dims = (conf.w, conf.h, conf.c)
-    for r, run in enumerate(conf.runs):
+    for r, (run, dims) in enumerate(zip(conf.runs, run_input_dims(conf))):
         for check in RUN_CHECKS:
             problem = check(conf, run, dims)
             if problem:
                 raise UserError(f"{where} run {r} ({', '.join(run.ops) or 'no ops'}): {problem}")
-        dims = run_output_dims(run, dims)
-        if min(dims) < 1:
-            raise UserError(f"{where} run {r}: output size {dims} is empty; check kernel, stride and padding")
+        out = run_output_dims(run, dims)
+        if min(out) < 1:
+            raise UserError(f"{where} run {r}: output size {out} is empty; check kernel, stride and padding")
+    branches = branch_output_dims(conf)
+    if len({b[:2] for b in branches}) != 1:
+        raise UserError(f"{where}: its branches end in different sizes {branches}; concat needs equal W and H")
+    if any(b[2] % 8 for b in branches[:-1]):
+        raise UserError(
+            f"{where}: branch channels {[b[2] for b in branches]} are not multiples of 8 before the last, so the "
+            "branches cannot be written side by side in the FPGA layout"
+        )
+
+
+def run_input_dims(conf: ConvConf) -> list[tuple[int, int, int]]:
+    """(W, H, C) each run reads: the previous run's output through the UBUF, or the layer input again after
+    a run whose topo bit sends its output to memory (the start of the next branch)."""
+    dims, out = (conf.w, conf.h, conf.c), []
+    for r, run in enumerate(conf.runs):
+        out.append(dims)
+        dims = (conf.w, conf.h, conf.c) if conf.topo >> r & 1 else run_output_dims(run, dims)
+    return out
+
+
+def branch_output_dims(conf: ConvConf) -> list[tuple[int, int, int]]:
+    """(W, H, C) written to memory by each run whose topo bit is set, in run order."""
+    return [
+        run_output_dims(run, dims)
+        for r, (run, dims) in enumerate(zip(conf.runs, run_input_dims(conf)))
+        if conf.topo >> r & 1
+    ]
+
+
+def layer_output_dims(conf: ConvConf) -> tuple[int, int, int]:
+    """The layer's output: its branches side by side along channels (one branch for a plain layer)."""
+    branches = branch_output_dims(conf)
+    return branches[0][0], branches[0][1], sum(b[2] for b in branches)
