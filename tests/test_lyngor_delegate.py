@@ -1,5 +1,6 @@
 """Delegate mode: build_lyngor.py runs against a stand-in `lyngor` module that records every call and writes
-a vendor-like tree (the documented net_params.json and top_graph.json), which npuc's reader then validates."""
+a vendor-like tree (the documented net_params.json and top_graph.json), which npuc's reader and the documented
+JSON schemas then validate — for one shape set and for several (one vendor build per resolution)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jsonschema
 import onnx
 import pytest
+from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.artifact import describe_tree
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
@@ -78,6 +81,15 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+def validate_vendor_tree(folder: Path) -> None:
+    """The documented manifests of a vendor tree, against the documented JSON schemas."""
+    for rel, schema in (
+        ("net_params.json", schemas.NET_PARAMS),
+        ("Net_0/top_graph.json", schemas.TOP_GRAPH_DOCUMENTED),
+    ):
+        jsonschema.Draft202012Validator(schema).validate(json.loads((folder / rel).read_text()))
+
+
 def build(model: Path, out: Path, options: dict, shapes: dict | None = None):
     graph = import_onnx(model, shapes)
     canonicalize(graph)
@@ -87,7 +99,7 @@ def build(model: Path, out: Path, options: dict, shapes: dict | None = None):
 def test_delegate_runs_vendor_api_and_reads_its_tree(tmp_path: Path, standin: Path) -> None:
     out = tmp_path / "out"
     result = build(SMALLCNN, out, {"input_layout": "nhwc", "input_dtype": "uint8"})
-    assert result.summary == {"target": "lyngor", "delegate": True, "vendor_built": True}
+    assert result.summary == {"target": "lyngor", "delegate": True, "vendor_built": True, "resolutions": 1}
     calls = json.loads((out / "standin_calls.json").read_text())
     assert calls["load"] == {
         "model": str(out / "model.onnx").replace(str(out), calls["build"]["out_path"]),
@@ -101,6 +113,7 @@ def test_delegate_runs_vendor_api_and_reads_its_tree(tmp_path: Path, standin: Pa
     assert calls["builder"] == {"target": "apu", "is_map": True, "other": []}
     assert calls["build"]["build_mode"] == "abc" and calls["build"]["other"] == []
     tree = read_tree(out)  # the vendor's manifests pass the documented tables
+    validate_vendor_tree(out)
     assert tree.producer == "vendor" and tree.apu is None
     assert tree.top_graph["main"]["inputs"] == {"input": {"shape": (1, 3, 64, 64), "dtype": "uint8", "batch": 1}}
     assert tree.top_graph["outputs"] == {"apu_0:0": {"shape": (1, 10), "dtype": "float16"}}
@@ -146,11 +159,36 @@ def test_delegate_script_without_vendor_then_run_by_hand(tmp_path: Path, real_mo
     }
 
 
-def test_delegate_rejects_several_resolutions(tmp_path: Path, real_model) -> None:
-    shapes = [{"input_1": (1, 12, 12, 3)}, {"input_1": (1, 24, 24, 3)}]
-    with pytest.raises(UserError, match="delegate mode builds one input-shape set") as info:
-        build(real_model("mtcnn_pnet"), tmp_path / "out", {"input_shapes_list": shapes}, shapes[0])
-    assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
+def test_delegate_several_resolutions(tmp_path: Path, standin: Path, real_model) -> None:
+    """Three --input-shape sets: one pinned model each, one vendor load + build each, into res<i>/."""
+    model = real_model("mtcnn_pnet")
+    shapes = [{"input_1": (1, 12, 12, 3)}, {"input_1": (1, 24, 32, 3)}, {"input_1": (1, 48, 40, 3)}]
+    out = tmp_path / "out"
+    result = build(model, out, {"input_shapes_list": shapes, "input_dtype": "float16"}, shapes[0])
+    assert result.summary == {"target": "lyngor", "delegate": True, "vendor_built": True, "resolutions": 3}
+    names = ["build_lyngor.py", "model_res0.onnx", "model_res1.onnx", "model_res2.onnx", "res0", "res1", "res2"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    for i, s in enumerate(shapes):
+        pinned = onnx.load(str(out / f"model_res{i}.onnx"))
+        assert [d.dim_value for d in pinned.graph.input[0].type.tensor_type.shape.dim] == list(s["input_1"])
+    script = (out / "build_lyngor.py").read_text()
+    compile(script, "build_lyngor.py", "exec")
+    assert script.count('"model": "model_res') == 3 and '"input_1": (1, 48, 40, 3),' in script
+    outputs = [(1, 1, 1, 4), (1, 7, 11, 4), (1, 19, 15, 4)]
+    for i, s in enumerate(shapes):
+        tree_dir = out / f"res{i}"
+        calls = json.loads((tree_dir / "standin_calls.json").read_text())
+        built_in = Path(calls["build"]["out_path"])  # the temporary folder, renamed to `out` afterwards
+        assert built_in.name == f"res{i}" and calls["load"]["model"] == str(built_in.parent / f"model_res{i}.onnx")
+        assert calls["load"]["inputs_dict"] == {"input_1": list(s["input_1"])}
+        assert (calls["load"]["in_type"], calls["load"]["out_type"]) == ("float16", "float16")
+        assert calls["builder"] == {"target": "apu", "is_map": True, "other": []}
+        assert calls["build"]["build_mode"] == "abc" and calls["build"]["other"] == []
+        tree = read_tree(tree_dir)
+        assert tree.producer == "vendor"
+        assert tree.top_graph["main"]["inputs"]["input_1"]["shape"] == s["input_1"]
+        assert tree.top_graph["outputs"]["apu_0:0"]["shape"] == outputs[i]
+        validate_vendor_tree(tree_dir)
 
 
 def test_delegate_output_is_deterministic(tmp_path: Path) -> None:

@@ -232,3 +232,33 @@ def test_bad_feeds(tree: Path) -> None:
     one_line_error(lambda: run_tree(tree, {"input": X[:, :, :32]}), r"match no compiled resolution")
     one_line_error(lambda: run_tree(tree, {"x": X}), r"do not match the inputs \['input'\]")
     one_line_error(lambda: read_tree(tree / "Net_0"), "net_params.json: file is missing")
+
+
+# ---- through the CLI: one line on stderr, exit code 2 ------------------------------------------------------
+
+
+def cli_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    from npuc.compiler.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_cli_bad_input_exits_2(tmp_path: Path, good_tree: Path, real_model, capsys) -> None:
+    out = str(tmp_path / "out")
+    err = cli_error(["build", str(SMALLCNN), "--target", "lyngor", "-o", out, "--input-dtype", "int8"], capsys)
+    assert "option input_dtype: 'int8' for input 'input' is not supported" in err
+    pnet = str(real_model("mtcnn_pnet"))
+    shapes = ["--input-shape", "input_1:1,12,12,3", "--input-shape", "input_1:1,24,24"]
+    err = cli_error(["build", pnet, "--target", "lyngor", "-o", out, *shapes], capsys)
+    assert "input 'input_1' has rank 3 but entry 0 has rank 4" in err
+    assert not (tmp_path / "out").exists()
+    broken = tmp_path / "broken"
+    shutil.copytree(good_tree, broken)
+    (broken / "Net_0" / "top_graph.json").write_text('{"main": ')
+    err = cli_error(["inspect", str(broken)], capsys)
+    assert "top_graph.json: not valid JSON" in err

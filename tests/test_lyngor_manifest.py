@@ -1,22 +1,21 @@
-"""Lyngor manifests checked field by field against the documented field list, as JSON schemas.
-
-The schemas below are written from Lynxi's "编译生成物说明" page (net_params.json, top_graph.json main/outputs)
-and from npuc's documented field list for the apu_0 object and apu.json (backends/lyngor/manifest.py),
-independently of the field tables that write the files. `jsonschema` is not installed, so `check` is a small
-validator for the subset used here (type, enum, const, pattern, multipleOf, minimum, required, properties,
-patternProperties, additionalProperties, items).
-"""
+"""Lyngor manifests checked field by field against the documented field list with `jsonschema`: all three
+manifests of a single-input build, of the document's BERT-like three-input int16 (1, 128) example and of a
+multi-resolution build, against the schemas of backends/lyngor/schemas.py (written from Lynxi's
+"编译生成物说明" page and npuc's documented apu_0/apu.json field list, apart from the tables that write them);
+and manifests with a wrong type or a missing key fail validation."""
 
 from __future__ import annotations
 
+import copy
 import json
-import re
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.sim import run_tree
@@ -28,129 +27,20 @@ from onnx import TensorProto, helper, numpy_helper
 GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
 
-# ---- a minimal JSON-schema checker -------------------------------------------------------------------------
-
-_TYPES = {
-    "object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
-    "integer": int, "number": (int, float),
-}  # fmt: skip
+TREE = ("net_params.json", "Net_0/top_graph.json", "Net_0/apu_0/apu_x/apu.json")
 
 
-def check(schema: dict, value: object, path: str = "$") -> None:
-    if "type" in schema:
-        kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        ok = any(
-            isinstance(value, _TYPES[k]) and not (k in ("integer", "number") and isinstance(value, bool)) for k in kinds
-        )
-        assert ok, f"{path}: {value!r} is not {kinds}"
-    if "const" in schema:
-        assert value == schema["const"] and type(value) is type(schema["const"]), f"{path}: {value!r} != const"
-    if "enum" in schema:
-        assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
-    if "pattern" in schema:
-        assert re.search(schema["pattern"], value), f"{path}: {value!r} does not match {schema['pattern']}"
-    if "multipleOf" in schema:
-        assert value % schema["multipleOf"] == 0, f"{path}: {value} not a multiple of {schema['multipleOf']}"
-    if "minimum" in schema:
-        assert value >= schema["minimum"], f"{path}: {value} < {schema['minimum']}"
-    if isinstance(value, dict):
-        for key in schema.get("required", []):
-            assert key in value, f"{path}: missing {key!r}"
-        for key, item in value.items():
-            if key in schema.get("properties", {}):
-                check(schema["properties"][key], item, f"{path}.{key}")
-                continue
-            matched = [p for p in schema.get("patternProperties", {}) if re.fullmatch(p, key)]
-            for p in matched:
-                check(schema["patternProperties"][p], item, f"{path}.{key}")
-            if not matched:
-                assert schema.get("additionalProperties", True) is not False, f"{path}: unexpected key {key!r}"
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            check(schema["items"], item, f"{path}[{i}]")
-
-
-def _obj(required: dict, **extra) -> dict:
-    return {"type": "object", "required": list(required), "properties": required, "additionalProperties": False,
-            **extra}  # fmt: skip
-
-
-TUPLE_SHAPE = {"type": "string", "pattern": r"^\((\d+(, \d+)*,?)?\)$"}  # "(1, 128)"
-LIST_SHAPE = {"type": "string", "pattern": r"^\[(\d+(, \d+)*)?\]$"}  # "[1, 64, 64, 3]"
-SHAPE_EX = {"type": "array", "items": {"type": "integer", "minimum": 0}}
-DTYPE = {"enum": ["uint8", "int8", "int16", "int32", "int64", "float16", "float32"]}
-STR = {"type": "string"}
-INT = {"type": "integer", "minimum": 0}
-POS = {"type": "integer", "minimum": 1}
-
-NET_PARAMS_SCHEMA = _obj({
-    "version": {"type": "string", "pattern": r"^\d{12}$"},
-    "target": {"const": "apu"},
-    "is_map": {"type": "boolean"},
-    "chip_num": {"const": 1},
-    "net_num": POS,
-    "parallel_mode": {"enum": ["DP", "MP"]},
-    "run_batch": POS,
-    "cpu_arch": STR,
-    "cc": STR,
-    "file_name": _obj({k: STR for k in ("cpu_lib", "cpu_graph", "cpu_params", "apu_lib", "io_config")}),
-    "net:": {"type": "null"},
-    "is_dynamic_shape": {"type": "boolean"},
-    "build_mode": {"enum": ["abc", "hop", "auto"]},
-})  # fmt: skip
-NODE = {"name": STR, "shape": LIST_SHAPE, "shape_ex": SHAPE_EX, "dtype": DTYPE, "num": INT}
-NODE_IN = {**NODE, "transpose_axis": {"type": ["array", "null"], "items": INT}}
-PER_RES = {"sub_image_size": {"type": "array", "items": LIST_SHAPE}, "sub_image_size_ex": {"type": "array",
-           "items": SHAPE_EX}}  # fmt: skip
-TOP_GRAPH_SCHEMA = _obj({
-    "main": _obj({"inputs": {"type": "object", "additionalProperties": _obj(
-        {"shape": TUPLE_SHAPE, "dtype": DTYPE, "batch": POS})}}),
-    "outputs": {"type": "object", "patternProperties": {r"apu_0:\d+": _obj({"shape": TUPLE_SHAPE, "dtype": DTYPE})},
-                "additionalProperties": False},
-    "apu_0": _obj({
-        "input_num": INT, "output_num": INT,
-        "inputs": {"type": "object", "patternProperties": {r"datai\d+": _obj(NODE_IN)}, "additionalProperties": False},
-        "outputs": {"type": "object", "patternProperties": {r"datao\d+": _obj(NODE)}, "additionalProperties": False},
-        "apu_dir": {"const": "apu_x"},
-        "resolution_num": POS,
-    }),
-})  # fmt: skip
-ROUTE = _obj({"src": {"type": "string", "pattern": r"^(datai\d+|core\d+)$"},
-              "dst": {"type": "string", "pattern": r"^(core\d+|datao\d+)$"}})  # fmt: skip
-RES = _obj({
-    "res_index": INT,
-    "input_shape": {"type": "object", "patternProperties": {r"datai\d+": LIST_SHAPE}, "additionalProperties": False},
-    "input_shape_ex": {"type": "object", "patternProperties": {r"datai\d+": SHAPE_EX}, "additionalProperties": False},
-    "output_shape": {"type": "object", "patternProperties": {r"datao\d+": LIST_SHAPE}, "additionalProperties": False},
-    "output_shape_ex": {"type": "object", "patternProperties": {r"datao\d+": SHAPE_EX},
-                        "additionalProperties": False},
-    "core_ids": {"type": "array", "items": INT},
-    "route_table": {"type": "array", "items": ROUTE},
-    "cmd_section": INT,
-})  # fmt: skip
-APU_SCHEMA = _obj({
-    "producer": {"const": "npuc"}, "format_version": {"const": 1}, "chip": {"const": "ka200"},
-    "build_mode": {"const": "abc"}, "parallel_mode": {"enum": ["DP", "MP"]}, "run_batch": POS,
-    "compute_dtype": {"const": "float16"}, "core_num": POS,
-    "cmd_file": STR, "cmd_size": {"type": "integer", "multipleOf": 256, "minimum": 256},
-    "dat_file": STR, "dat_size": {"type": "integer", "multipleOf": 256, "minimum": 256},
-    "inputs": {"type": "object", "patternProperties": {r"datai\d+": _obj({**NODE_IN, **PER_RES})},
-               "additionalProperties": False},
-    "outputs": {"type": "object", "patternProperties": {r"datao\d+": _obj({**NODE, **PER_RES})},
-                "additionalProperties": False},
-    "resolution_num": POS, "default_resolution": INT,
-    "resolution_config": {"type": "object", "patternProperties": {r"res\d+": RES}, "additionalProperties": False},
-})  # fmt: skip
+def validator(schema: dict) -> jsonschema.Draft202012Validator:
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
 
 
 def load_tree_json(out: Path) -> tuple[dict, dict, dict]:
-    net = json.loads((out / "net_params.json").read_text())
-    top = json.loads((out / "Net_0" / "top_graph.json").read_text())
-    apu = json.loads((out / "Net_0" / "apu_0" / "apu_x" / "apu.json").read_text())
-    check(NET_PARAMS_SCHEMA, net)
-    check(TOP_GRAPH_SCHEMA, top)
-    check(APU_SCHEMA, apu)
-    return net, top, apu
+    """The three manifests of an npuc tree, each validated against its documented JSON schema."""
+    docs = tuple(json.loads((out / rel).read_text()) for rel in TREE)
+    for rel, doc in zip(TREE, docs):
+        validator(schemas.TREE_SCHEMAS[rel]).validate(doc)
+    return docs
 
 
 def build(model: Path, out: Path, options: dict | None = None, shapes: dict | None = None) -> Path:
@@ -163,22 +53,6 @@ def build(model: Path, out: Path, options: dict | None = None, shapes: dict | No
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-# ---- the checker itself ------------------------------------------------------------------------------------
-
-
-def test_schema_checker_rejects_what_it_should() -> None:
-    check(NET_PARAMS_SCHEMA["properties"]["file_name"], {k: "x" for k in NET_PARAMS_SCHEMA["properties"][
-        "file_name"]["required"]})  # fmt: skip
-    with pytest.raises(AssertionError, match="chip_num"):
-        check(_obj({"chip_num": {"const": 1}}), {"chip_num": True})
-    with pytest.raises(AssertionError, match="unexpected key 'net'"):
-        check(_obj({"net:": {"type": "null"}}), {"net:": None, "net": None})
-    with pytest.raises(AssertionError, match="does not match"):
-        check(TUPLE_SHAPE, "[1, 128]")
-    with pytest.raises(AssertionError, match="multiple of 256"):
-        check(APU_SCHEMA["properties"]["cmd_size"], 300)
 
 
 # ---- single input ------------------------------------------------------------------------------------------
@@ -194,7 +68,7 @@ def test_single_input_manifests(tmp_path: Path) -> None:
                       "cpu_params": "deploy_param.params", "apu_lib": "apu_lib.bin", "io_config": "top_graph.json"},
         "net:": None, "is_dynamic_shape": False, "build_mode": "abc",
     }  # fmt: skip
-    assert list(net) == list(NET_PARAMS_SCHEMA["properties"])  # the documented order, "net:" with its colon
+    assert list(net) == list(schemas.NET_PARAMS["properties"])  # the documented order, "net:" with its colon
     assert top["main"] == {"inputs": {"input": {"shape": "(1, 3, 64, 64)", "dtype": "float32", "batch": 1}}}
     assert top["outputs"] == {"apu_0:0": {"shape": "(1, 10)", "dtype": "float16"}}
     assert top["apu_0"]["inputs"]["datai0"] == {
@@ -347,3 +221,84 @@ def test_version_stamp_from_source_date_epoch(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "soon")
     with pytest.raises(UserError, match="SOURCE_DATE_EPOCH='soon' is not a Unix timestamp"):
         build(SMALLCNN, tmp_path / "out2")
+
+
+# ---- the schemas reject what the documentation does not allow ----------------------------------------------
+
+
+def _without(keys: list[str]):
+    def edit(doc: dict) -> None:
+        for key in keys[:-1]:
+            doc = doc[key]
+        del doc[keys[-1]]
+
+    return edit
+
+
+def _set(keys: list[str], value: object):
+    def edit(doc: dict) -> None:
+        for key in keys[:-1]:
+            doc = doc[key]
+        doc[keys[-1]] = value
+
+    return edit
+
+
+def _rename(keys: list[str], new: str):
+    def edit(doc: dict) -> None:
+        for key in keys[:-1]:
+            doc = doc[key]
+        doc[new] = doc.pop(keys[-1])
+
+    return edit
+
+
+# (manifest index in TREE, edit, the validator's complaint)
+BAD_MANIFESTS = [
+    (0, _without(["net:"]), "'net:' is a required property"),
+    (0, _rename(["net:"], "net"), "Additional properties are not allowed"),
+    (0, _set(["chip_num"], True), "1 was expected"),
+    (0, _set(["run_batch"], "1"), "'1' is not of type 'integer'"),
+    (0, _set(["parallel_mode"], "PP"), "'PP' is not one of"),
+    (0, _without(["file_name", "apu_lib"]), "'apu_lib' is a required property"),
+    (0, _set(["version"], 202207141006), "is not of type 'string'"),
+    (1, _set(["main", "inputs", "input", "shape"], "[1, 3, 64, 64]"), "does not match"),
+    (1, _set(["main", "inputs", "input", "shape"], [1, 3, 64, 64]), "is not of type 'string'"),
+    (1, _set(["main", "inputs", "input", "dtype"], "fp16"), "'fp16' is not one of"),
+    (1, _rename(["outputs", "apu_0:0"], "apu_0_0"), "does not match any of the regexes"),
+    (1, _without(["apu_0", "inputs", "datai0", "num"]), "'num' is a required property"),
+    (1, _set(["apu_0", "inputs", "datai0", "shape_ex"], "[1, 3, 64, 64]"), "is not of type 'array'"),
+    (2, _set(["cmd_size"], 300), "is not a multiple of 256"),
+    (2, _set(["inputs", "datai0", "sub_image_size"], [[1, 3, 64, 64]]), "is not of type 'string'"),
+    (2, _set(["inputs", "datai0", "sub_image_size_ex"], ["[1, 3, 64, 64]"]), "is not of type 'array'"),
+    (2, _without(["resolution_config", "res0", "core_ids"]), "'core_ids' is a required property"),
+    (2, _without(["resolution_num"]), "'resolution_num' is a required property"),
+    (2, _set(["default_resolution"], -1), "is less than the minimum of 0"),
+]
+
+
+@pytest.fixture(scope="module")
+def good_docs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict]:
+    return load_tree_json(build(SMALLCNN, tmp_path_factory.mktemp("lyngor") / "out"))
+
+
+@pytest.mark.parametrize("index, edit, message", BAD_MANIFESTS, ids=[f"{TREE[b[0]]}:{b[2]}" for b in BAD_MANIFESTS])
+def test_schema_rejects_wrong_type_or_missing_key(good_docs: tuple, index: int, edit, message: str) -> None:
+    doc = copy.deepcopy(good_docs[index])
+    edit(doc)
+    errors = list(validator(schemas.TREE_SCHEMAS[TREE[index]]).iter_errors(doc))
+    assert errors and any(message in e.message for e in errors), [e.message for e in errors]
+
+
+def test_documented_part_accepts_a_vendor_top_graph() -> None:
+    """The documented top_graph.json part: the vendor's apu_0 object is opaque, main/outputs are checked."""
+    doc = {
+        "main": {"inputs": {"input_ids": {"shape": "(1, 128)", "dtype": "int16", "batch": 1}}},
+        "outputs": {"apu_0:0": {"shape": "(1, 128, 768)", "dtype": "float16"}},
+        "apu_0": {"anything": [1, 2]},
+    }
+    documented = validator(schemas.TOP_GRAPH_DOCUMENTED)
+    documented.validate(doc)
+    assert not validator(schemas.TOP_GRAPH).is_valid(doc)  # npuc's own apu_0 object is closed
+    doc["main"]["inputs"]["input_ids"]["batch"] = 0
+    assert [e.message for e in documented.iter_errors(doc)] == ["0 is less than the minimum of 1"]

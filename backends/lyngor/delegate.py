@@ -6,6 +6,10 @@ templates/lyngor/build_lyngor.py.j2, which calls `lyn.DLModel().load(...)` and `
 .build(...)` with the same input names, shapes, dtypes and transposes as a native npuc build. When `lyngor` is
 importable here, the script runs (out_path = the output folder) and the vendor's tree is checked with
 `manifest.read_tree` before the folder is moved into place.
+
+Several --input-shape sets (multi-resolution): the public Lyngor API documents no argument that compiles several
+shape sets into one build, so the folder holds one pinned model per set (`model_res<i>.onnx`) and the script
+runs one load + build per set, into `<out>/res<i>/`; each of those vendor trees is validated.
 """
 
 from __future__ import annotations
@@ -49,13 +53,19 @@ def pinned_model(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> b
     return simplify(model).SerializeToString(deterministic=True)
 
 
+def model_file(index: int, count: int) -> str:
+    """The pinned model of resolution `index` of `count`: model.onnx, or model_res<i>.onnx for several."""
+    return MODEL_FILE if count == 1 else f"model_res{index}.onnx"
+
+
 def render_script(
-    inputs: list[tuple[str, tuple[int, ...]]],
+    resolutions: list[list[tuple[str, tuple[int, ...]]]],
     in_types: list[str],
     out_type: str,
     transposes: list[tuple[int, ...] | None],
     run_batch: int = 1,
 ) -> str:
+    """build_lyngor.py for one (input name, shape) list per resolution, same names, dtypes and transposes."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
@@ -65,10 +75,13 @@ def render_script(
     in_type = json.dumps(in_types[0] if len(set(in_types)) == 1 else in_types)  # one string, or one per input
     transpose_axis = None
     if any(transposes):
-        transpose_axis = repr([t or tuple(range(len(shape))) for t, (_, shape) in zip(transposes, inputs)])
+        first = resolutions[0]
+        transpose_axis = repr([t or tuple(range(len(shape))) for t, (_, shape) in zip(transposes, first)])
     return env.get_template("lyngor/build_lyngor.py.j2").render(
-        model_file=MODEL_FILE,
-        inputs=[(name, repr(tuple(shape))) for name, shape in inputs],
+        resolutions=[
+            {"model": model_file(i, len(resolutions)), "inputs": [(name, repr(tuple(shape))) for name, shape in res]}
+            for i, res in enumerate(resolutions)
+        ],
         in_type=in_type,
         out_type=out_type,
         transpose_axis=transpose_axis,
@@ -77,7 +90,12 @@ def render_script(
     )
 
 
-def _run_vendor(folder: Path) -> None:
+def vendor_trees(folder: Path, count: int) -> list[Path]:
+    """Where build_lyngor.py puts the vendor's trees: the folder itself, or res<i>/ per resolution."""
+    return [folder] if count == 1 else [folder / f"res{i}" for i in range(count)]
+
+
+def _run_vendor(folder: Path, count: int) -> None:
     spec = importlib.util.find_spec("lyngor")
     assert spec is not None
     env = dict(os.environ)
@@ -92,29 +110,29 @@ def _run_vendor(folder: Path) -> None:
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"the vendor's Lyngor build failed (exit {proc.returncode}): {last}; see {SCRIPT_FILE}")
-    read_tree(folder)  # the vendor's tree must have the documented manifests
+    for tree in vendor_trees(folder, count):
+        read_tree(tree)  # each vendor tree must have the documented manifests
 
 
 def build_delegate(request: BuildRequest, opts: LyngorOptions) -> BuildResult:
     graph = request.graph
-    if len(opts.input_shapes_list) > 1:
-        raise UserError(
-            "delegate mode builds one input-shape set; give one --input-shape set per delegate build, or drop "
-            "--delegate to build a multi-resolution npuc tree"
-        )
-    shapes = opts.input_shapes_list[0] if opts.input_shapes_list else {}
-    shapes = {n: tuple(shapes.get(n, interp.external_shape(graph, n))) for n in graph.inputs}
+    shape_sets = opts.input_shapes_list or [{}]
+    resolutions = [
+        {n: tuple(shapes.get(n, interp.external_shape(graph, n))) for n in graph.inputs} for shapes in shape_sets
+    ]
     model_layouts = {n: graph.input_layouts.get(n, "nchw") for n in graph.inputs}
     transposes = [_TRANSPOSE.get((opts.input_layout[n], model_layouts[n])) for n in graph.inputs]
     script = render_script(
-        [(n, shapes[n]) for n in graph.inputs],
+        [[(n, shapes[n]) for n in graph.inputs] for shapes in resolutions],
         [opts.input_dtype[n] for n in graph.inputs],
         opts.output_dtype,
         transposes,
         opts.run_batch,
     )
-    files = {MODEL_FILE: pinned_model(request, shapes), SCRIPT_FILE: script.encode()}
+    files = {model_file(i, len(resolutions)): pinned_model(request, shapes) for i, shapes in enumerate(resolutions)}
+    files[SCRIPT_FILE] = script.encode()
     vendor = importlib.util.find_spec("lyngor") is not None
-    write_tree_atomic(request.output, files, _run_vendor if vendor else None)
-    summary = {"target": "lyngor", "delegate": True, "vendor_built": vendor}
+    finish = (lambda folder: _run_vendor(folder, len(resolutions))) if vendor else None
+    write_tree_atomic(request.output, files, finish)
+    summary = {"target": "lyngor", "delegate": True, "vendor_built": vendor, "resolutions": len(resolutions)}
     return BuildResult([Path(request.output)], summary)

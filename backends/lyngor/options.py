@@ -12,7 +12,8 @@ Keys (all optional):
                        multi-resolution artifact. Every entry must name the same inputs with the same ranks.
     parallel_mode      "DP" (default) | "MP"; run_batch: int >= 1 (default 1). Recorded in the manifests.
     delegate           True: write the shape-pinned ONNX model and build_lyngor.py for the vendor's compiler
-                       (and run it when `lyngor` is importable) instead of npuc's own payload.
+                       (and run it when `lyngor` is importable) instead of npuc's own payload. With several
+                       shape sets: one pinned model_res<i>.onnx each, built by the script into res<i>/.
 """
 
 from __future__ import annotations
