@@ -23,6 +23,16 @@ def _feeds_from_file(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarra
     return {n: arrays[n] for n in names}
 
 
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise UserError(f"bad --shape {text!r}: write positive dimensions D0,D1,... such as 1,3,12,12")
+    return dims
+
+
 def _random_feeds(specs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
@@ -55,6 +65,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed for --random-input."),
         output: Path = typer.Option(None, "--output", "-o", help="Write the outputs to this .npz."),
         input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,... (ONNX)."),
+        shape: str = typer.Option(None, "--shape", help="Compiled input shape D0,D1,... to run (bmodel)."),
     ) -> None:
         """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes)."""
         if (input is None) == (not random_input):
@@ -63,6 +74,8 @@ def register(app: typer.Typer) -> None:
         if kind.run is None or kind.inputs is None:
             raise UserError(f"{path}: npuc cannot run {kind.name} artifacts yet; `npuc inspect` reads them")
         options = ArtifactOptions(input_shapes=parse_input_shapes(input_shape))
+        if shape is not None:
+            options.extra["shape"] = _parse_shape(shape)
         specs = kind.inputs(path, options)
         feeds = _random_feeds(specs, seed) if random_input else _feeds_from_file(input, specs)
         outputs = kind.run(path, feeds, options)
