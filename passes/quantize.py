@@ -64,17 +64,28 @@ class ThresholdMap:
     missing: list[str] = field(default_factory=list)  # activation tensors the table does not cover
 
 
-def thresholds_for_graph(graph: Graph, table: CalibrationTable, warn: bool = True) -> ThresholdMap:
+def thresholds_for_graph(
+    graph: Graph, table: CalibrationTable, warn: bool = True, table_names: Mapping[str, str] | None = None
+) -> ThresholdMap:
     """Match table rows to tensors: exact name, else the name without its `_<OpType>` suffix (which may
-    also name the op that produces a renamed, fused tensor). Unknown and missing names are listed, warned
-    about once, and skipped."""
+    also name the op that produces a renamed, fused tensor). `table_names` (source tensor -> table row, as
+    `passes.calibrate.tensor_table_names` gives for the source model) is tried first: it knows which row a
+    BN-folded tensor went under. Unknown and missing names are listed, warned about once, and skipped."""
     result = ThresholdMap()
+    rows = table.thresholds()
+    used: set[str] = set()
+    for tensor, row in (table_names or {}).items():
+        if tensor in graph.tensors and row in rows:
+            result.thresholds[tensor] = rows[row]
+            used.add(row)
     producers = {op.name: op for op in graph.ops}
     by_op_name: dict[str, float] = {}
-    for name, th in table.thresholds().items():
+    for name, th in rows.items():
+        if name in used:
+            continue
         stem = m.group(1) if (m := _SUFFIX.match(name)) else None
         if name in graph.tensors:
-            result.thresholds[name] = th
+            result.thresholds.setdefault(name, th)
         elif stem is not None and stem in graph.tensors:
             result.thresholds.setdefault(stem, th)
         elif stem is not None and stem in producers:
@@ -405,6 +416,7 @@ def quantize(
     table: CalibrationTable | ThresholdMap | None,
     scheme: str,
     float_layers: Iterable[str] = (),
+    table_names: Mapping[str, str] | None = None,
 ) -> Graph:
     """A quantized copy of `graph` (the float graph is left untouched) for `interp.run(..., QUANT_KERNELS)`.
 
@@ -416,7 +428,7 @@ def quantize(
     fallback = SCHEMES[main.fallback] if main.fallback else None
     qgraph = copy.deepcopy(graph)
     if isinstance(table, CalibrationTable):
-        thresholds = thresholds_for_graph(qgraph, table)
+        thresholds = thresholds_for_graph(qgraph, table, table_names=table_names)
     else:
         thresholds = copy.deepcopy(table) if table is not None else ThresholdMap()  # never edit the caller's
     if main.fallback is not None:

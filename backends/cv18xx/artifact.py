@@ -1,4 +1,4 @@
-"""`.cvimodel` files as artifacts: inspect (header, sections, tensors, --disasm) and run from the bytes."""
+"""`.cvimodel` artifacts: inspect (header, sections, tensors, --disasm, DDR traffic) and run from the bytes."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
+from npuc.compiler.errors import UserError
 
 from .container import read_cvimodel
 from .inspect import describe_cvimodel
+from .traffic import describe_traffic
 
 MAGIC = b"CviModel"
 
@@ -21,7 +23,12 @@ def _matches(path: Path) -> bool:
 
 
 def _describe(path: Path, options: ArtifactOptions) -> str:
-    return describe_cvimodel(read_cvimodel(path), disasm=options.disasm)
+    model = read_cvimodel(path)
+    try:
+        traffic = describe_traffic(model)
+    except UserError as exc:  # an odd descriptor must not hide the rest of the listing
+        traffic = f"DDR traffic: not counted ({exc})\n"
+    return describe_cvimodel(model, disasm=options.disasm) + traffic
 
 
 def _inputs(path: Path, options: ArtifactOptions) -> list[TensorSpec]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.codegen import Codegen, generate
 from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel
@@ -27,6 +28,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.targets import BuildRequest, BuildResult
+from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
 from npuc.passes.quantize import quantize
 
@@ -70,6 +72,29 @@ def _split_edges(qgraph: Graph, quant_input: bool, quant_output: bool) -> tuple[
     return cpu, tpu, outputs
 
 
+def _softmax_tail(qgraph: Graph) -> list[Op]:
+    """Softmax ops that end the model run on the CPU in fp32 (the runtime's built-in `softmax`, as tpu-mlir
+    does): the TPU dequantizes their input to fp32, the CPU routine writes the model output."""
+    producers = qgraph.producers()
+    tail = []
+    for op in list(qgraph.ops):
+        if op.kind != "softmax":
+            continue
+        users = [u for u in qgraph.ops if op.outputs[0] in u.inputs]
+        dequant = users[0] if len(users) == 1 and users[0].kind == "cast" else None
+        feeder = producers.get(op.inputs[0])
+        if dequant is None or dequant.outputs[0] not in qgraph.outputs or feeder is None or feeder.kind != "cast":
+            continue
+        fed = qgraph.tensors[feeder.outputs[0]]
+        fed.dtype, fed.quant = "float32", None
+        feeder.attrs.quant.output = None
+        qgraph.ops.remove(dequant)
+        qgraph.ops.remove(op)
+        op.outputs = [dequant.outputs[0]]
+        tail.append(op)
+    return tail
+
+
 def _rename(graph: Graph, old: str, new: str) -> None:
     for op in graph.ops:
         op.inputs = [new if n == old else n for n in op.inputs]
@@ -83,13 +108,16 @@ def _aliases(graph: Graph, ops: list[Op], pinned: set[str]) -> dict[str, str]:
     }
 
 
-def _cpu_args(scale: float) -> bytes:
+def _cpu_args(**values: Any) -> bytes:
+    """A CPU routine's `cvi.cpu_op.Parameter`: str, float and int attributes in the given order."""
     schema = cpu_param_schema()
-    attrs = [
-        schema.new("Attribute", str_attr=schema.new("StrAttr", key="from", value="FP32")),
-        schema.new("Attribute", float_attr=schema.new("FloatAttr", key="scale", value=float(np.float32(scale)))),
-        schema.new("Attribute", str_attr=schema.new("StrAttr", key="to", value="INT8")),
-    ]
+    attrs = []
+    for key, value in values.items():
+        kind = {str: "str", float: "float", int: "int"}[type(value)]
+        if kind == "float":
+            value = float(np.float32(value))
+        record = schema.new(f"{kind.capitalize()}Attr", key=key, value=value)
+        attrs.append(schema.new("Attribute", **{f"{kind}_attr": record}))
     return fb_encode(schema, schema.new("Parameter", attributes=attrs))
 
 
@@ -117,6 +145,13 @@ def _tensor_record(graph: Graph, name: str, fmt: str, plan: MemoryPlan, model_in
     )
 
 
+def source_table_names(request: BuildRequest) -> dict[str, str] | None:
+    """Calibration-table row of every tensor of the source ONNX model (BN-folded tensors go by their conv)."""
+    if request.model_path.suffix.lower() != ".onnx" or not request.model_path.is_file():
+        return None
+    return tensor_table_names(onnx.load(str(request.model_path), load_external_data=False))
+
+
 def _build_time() -> str:
     epoch = os.environ.get(BUILD_TIME_ENV)
     when = datetime.datetime.fromtimestamp(int(epoch) if epoch else 0, datetime.timezone.utc)
@@ -138,16 +173,23 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
                 "-o TABLE` and pass --calib TABLE, or build with --quant bf16"
             )
         table = read_table(request.calib_table)
-    qgraph = quantize(copy.deepcopy(request.graph), table, SCHEMES[quant], opts.get("float_layers", ()))
+    qgraph = quantize(
+        copy.deepcopy(request.graph), table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request)
+    )
+    tail_ops = _softmax_tail(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
+    tpu_outputs = [op.inputs[0] if op.outputs[0] in outputs else None for op in tail_ops]
+    tpu_outputs = [o for o in outputs if o not in {op.outputs[0] for op in tail_ops}] + [
+        t for t in tpu_outputs if t is not None
+    ]
     fmt = {name: _fmt_of(qgraph, name) for name in qgraph.tensors if not qgraph.tensors[name].is_const}
     inputs = list(qgraph.inputs)
-    private = [op.outputs[0] for op in cpu_ops]
+    private = [op.outputs[0] for op in cpu_ops] + [op.inputs[0] for op in tail_ops]
     pinned = set(inputs) | set(outputs) | set(private)
     plan = plan_memory(qgraph, tpu_ops, fmt, inputs + outputs, private, _aliases(qgraph, tpu_ops, pinned))
     cg = Codegen(chip, qgraph, plan, fmt)
     generate(cg, tpu_ops)
-    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, tpu_ops, inputs, outputs)
+    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, tpu_ops, tail_ops, inputs, outputs, tpu_outputs)
     data = write_cvimodel(model)
     read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
     summary = {
@@ -162,8 +204,18 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     return data, summary
 
 
-def _assemble(request: BuildRequest, chip: str, g: Graph, cg: Codegen, cpu_ops: list[Op], tpu_ops: list[Op],
-              inputs: list[str], outputs: list[str]) -> CviModel:  # fmt: skip
+def _assemble(
+    request: BuildRequest,
+    chip: str,
+    g: Graph,
+    cg: Codegen,
+    cpu_ops: list[Op],
+    tpu_ops: list[Op],
+    tail_ops: list[Op],
+    inputs: list[str],
+    outputs: list[str],
+    tpu_outputs: list[str],
+) -> CviModel:
     schema = model_schema()
     routine_types = schema.enums["RoutineType"].values
     routines = []
@@ -175,7 +227,11 @@ def _assemble(request: BuildRequest, chip: str, g: Graph, cg: Codegen, cpu_ops: 
                 type=routine_types["CPU"],
                 in_tensors=[op.inputs[0]],
                 out_tensors=[op.outputs[0]],
-                cpu_routine=schema.new("CpuRoutine", function_section="quant", function_args=_cpu_args(scale)),
+                cpu_routine=schema.new(
+                    "CpuRoutine",
+                    function_section="quant",
+                    function_args=_cpu_args(**{"from": "FP32", "scale": scale, "to": "INT8"}),
+                ),
             )
         )
     produced = {out for op in tpu_ops for out in op.outputs}
@@ -186,11 +242,22 @@ def _assemble(request: BuildRequest, chip: str, g: Graph, cg: Codegen, cpu_ops: 
             "Routine",
             type=routine_types["TPU"],
             in_tensors=tpu_inputs,
-            out_tensors=list(outputs),
+            out_tensors=list(tpu_outputs),
             tpu_routine=schema.new("TpuRoutine", cmdbuf_section="subfunc_0"),
         )
     )
-    names = [*inputs, *(o for op in cpu_ops for o in op.outputs), *(o for op in tpu_ops for o in op.outputs)]
+    for op in tail_ops:
+        axis = op.attrs.axis % len(g.shape(op.inputs[0]))
+        routines.append(
+            schema.new(
+                "Routine",
+                type=routine_types["CPU"],
+                in_tensors=[op.inputs[0]],
+                out_tensors=[op.outputs[0]],
+                cpu_routine=schema.new("CpuRoutine", function_section="softmax", function_args=_cpu_args(axis=axis)),
+            )
+        )
+    names = [*inputs, *(o for op in [*cpu_ops, *tpu_ops, *tail_ops] for o in op.outputs)]
     tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs) for n in dict.fromkeys(names)]
     weight_map = [
         schema.new(

@@ -15,7 +15,7 @@ from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator
 from npuc.backends.cv18xx.memplan import MemoryPlan
-from npuc.backends.cv18xx.weights import WeightArea
+from npuc.backends.cv18xx.weights import WeightArea, bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, op_quant
@@ -37,7 +37,14 @@ class Codegen:
             self.stream = CmdStream(self.chip)
 
     def gtensor(self, name: str, shape: tuple[int, ...] | None = None) -> GTensor:
-        """The tensor's bytes in gmem viewed as a contiguous 4-D tensor (default: its shape padded to 4-D)."""
+        """The tensor's bytes in gmem viewed as a contiguous 4-D tensor (default: its shape padded to 4-D); a
+        constant operand is placed in the weight area (int8 codes, or bf16 bits of a float constant)."""
+        if self.graph.tensors[name].is_const:
+            data = self.graph.const(name)
+            dims = shape or to4d(data.shape)
+            if data.dtype == np.int8:
+                return self.weights.add(name, data.reshape(dims)).reshaped(dims)
+            return self.weights.add(name, bf16_bits(data).reshape(dims), "bf16").reshaped(dims)
         place = self.plan.places[name]
         fmt = {"int8": "i8", "bf16": "bf16", "float32": "bf16"}[self.fmt[name]]
         dims = shape or to4d(self.graph.shape(name))

@@ -166,7 +166,7 @@ class Machine:
 # ---- CPU routines ---------------------------------------------------------------------------------------
 
 
-def cpu_quant(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type) -> np.ndarray:
+def cpu_quant(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type, shape: tuple = ()) -> np.ndarray:
     """Built-in `quant`: float -> int8 as round-half-away-from-zero(x * scale), saturated."""
     if (args.get("from"), args.get("to")) != ("FP32", "INT8"):
         raise UnsupportedError(f"CPU quant from {args.get('from')} to {args.get('to')} is not simulated")
@@ -175,7 +175,18 @@ def cpu_quant(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type) -
     return np.clip(rounded, -128, 127).astype(out_dtype)
 
 
-CPU_FUNCTIONS: dict[str, Callable[[dict[str, Any], list[np.ndarray], type], np.ndarray]] = {"quant": cpu_quant}
+def cpu_softmax(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type, shape: tuple = ()) -> np.ndarray:
+    """Built-in `softmax` over `axis` in fp32: exp(x - max) / sum."""
+    x = inputs[0].astype(np.float32).reshape(shape)
+    axis = int(args.get("axis", 1))
+    if not 0 <= axis < x.ndim:
+        raise CorruptFileError(f"CPU softmax axis {axis} is outside the {x.ndim}-D input")
+    # exp rounded once from double, like the C library's expf (numpy's float32 exp can differ by an ulp)
+    e = np.exp((x - x.max(axis=axis, keepdims=True)).astype(np.float64)).astype(np.float32)
+    return (e / e.sum(axis=axis, keepdims=True, dtype=np.float32)).astype(out_dtype)
+
+
+CPU_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {"quant": cpu_quant, "softmax": cpu_softmax}
 
 
 # ---- whole model ----------------------------------------------------------------------------------------
@@ -227,7 +238,8 @@ def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 
         args = decode_cpu_args(r.cpu_routine.function_args)
         ins = [tensor_view(machine.gmem, tensors[n]) for n in r.in_tensors]
         out = tensor_view(machine.gmem, tensors[r.out_tensors[0]])
-        out[:] = fn(args, ins, out.dtype).reshape(-1)
+        shape = tuple(tensors[r.in_tensors[0]].shape.dim[:4])
+        out[:] = fn(args, ins, out.dtype, shape).reshape(-1)
     return {
         name: tensor_view(machine.gmem, tensors[name]).copy().reshape(tensors[name].shape.dim[:4])
         for name in prog.output_tensors

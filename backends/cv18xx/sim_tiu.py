@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
-from npuc.compiler.errors import UnsupportedError
+from npuc.compiler.errors import CorruptFileError, UnsupportedError
 from numpy.lib.stride_tricks import sliding_window_view
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
@@ -279,7 +279,9 @@ def tiu_matmul(ctx: TiuContext) -> None:
     rows, c0, _, w0 = ctx.shape("opd0")
     k, c1, _, w1 = ctx.shape("opd1")
     _, rc, _, rw = ctx.shape("res0")
-    left = ctx.read("opd0", (rows, c0, 1, w0)).reshape(rows, c0 * w0)[:, :k]
+    if c0 * w0 != k:  # the hardware asserts the same
+        raise CorruptFileError(f"matmul: the left matrix has {c0}x{w0} columns, the right {k} rows")
+    left = ctx.read("opd0", (rows, c0, 1, w0)).reshape(rows, c0 * w0)
     right = ctx.read("opd1", (k, c1, 1, w1)).reshape(k, c1 * w1)
     acc = left.astype(np.float64) @ right if ctx.bf16 else left @ right
     if ctx.bf16:
@@ -306,6 +308,23 @@ def tiu_matmul(ctx: TiuContext) -> None:
     ctx.write_res(out[:, : rc * rw].reshape(rows, rc, 1, rw), (rows, rc, 1, rw))
 
 
+def tiu_lookup(ctx: TiuContext) -> None:
+    """res0 = table[opd0]: each element, read as an unsigned byte, indexes the 256-entry table (opd1,
+    (1, lanes, 16, 16)) kept in its own lane; channel c of an operand starting in lane L lives in lane
+    (L + c) % lanes."""
+    if ctx.bf16:
+        raise UnsupportedError("bf16 table lookup is not simulated yet")
+    lanes, size = ctx.chip.lanes, ctx.lmem.size
+    tables = ctx.read("opd1").reshape(ctx.shape("opd1")[1], -1)
+    if tables.shape != (lanes, 256):
+        raise UnsupportedError(f"a lookup table of shape {ctx.shape('opd1')} is not simulated")
+    table_lane0 = ctx.f["opd1_addr"] // size
+    per_lane = tables[(np.arange(lanes) - table_lane0) % lanes]
+    x = ctx.read("opd0")
+    lane = (ctx.f["opd0_addr"] // size + np.arange(x.shape[1])) % lanes
+    ctx.write_res(per_lane[lane[None, :, None, None], x & 0xFF])
+
+
 TIU_KERNELS: dict[str, Callable[[TiuContext], None]] = {
     "conv": tiu_conv,
     "depthwise": tiu_depthwise,
@@ -320,4 +339,5 @@ TIU_KERNELS: dict[str, Callable[[TiuContext], None]] = {
     "copy": tiu_copy,
     "max": _extreme(np.maximum),
     "min": _extreme(np.minimum),
+    "lookup": tiu_lookup,
 }

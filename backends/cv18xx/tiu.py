@@ -167,7 +167,8 @@ def _elementwise(eu: int, out: LTensor, a: LTensor, b: LTensor | int) -> dict[st
     if isinstance(b, LTensor):
         f.update(operand("opd1", b))
     else:
-        f.update({"opt_opd1_const": 1, "opd1_addr": b & 0xFFFF, **{f"opd1_{d}": v for d, v in zip("nchw", a.shape)}})
+        raw = int(b) & (0xFFFF if a.fmt == "bf16" else 0xFF)  # an int8 constant is one signed byte
+        f.update({"opt_opd1_const": 1, "opd1_addr": raw, **{f"opd1_{d}": v for d, v in zip("nchw", a.shape)}})
         f["short_opd1_str"] = EXPLICIT
     return f
 
@@ -237,5 +238,5 @@ def matmul(out: LTensor, left: LTensor, right: LTensor, bias: LTensor | None, k:
         f.update({"opt_chl_quan": 1, "quan_m": multiplier})
     if bias is not None:
         f.update(operand("opd2", bias, explicit=False))
-        f.update({"opd2_n": 1, "opt_opd2_seg": 0})
+    f.update({"opd2_n": 1, "opt_opd2_seg": 0})  # the simulator requires opd2_n = 1 even without a bias
     return f

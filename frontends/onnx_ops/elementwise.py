@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from npuc.compiler import ops
+from npuc.compiler.errors import UserError
 
 from .registry import ConvertContext, converter
 
@@ -56,10 +57,13 @@ def clip_attrs(ctx: ConvertContext) -> None:
 @converter("Clip", 11, const_inputs=(1, 2))
 def clip(ctx: ConvertContext) -> None:
     lo, hi = ctx.const(1), ctx.const(2)
+    for bound in (lo, hi):
+        if bound is not None and np.size(bound) != 1:
+            raise UserError(f"node '{ctx.node.name}' (Clip): a bound of shape {np.shape(bound)} is not a scalar")
     act = ops.Activation(
         "clip",
-        lo=-np.inf if lo is None else float(lo),
-        hi=np.inf if hi is None else float(hi),
+        lo=-np.inf if lo is None else float(np.ravel(lo)[0]),  # exporters write scalars or 1-element tensors
+        hi=np.inf if hi is None else float(np.ravel(hi)[0]),
     )
     _activation(ctx, act)
 

@@ -9,12 +9,13 @@ the 32-bit QDM multiplier. Tensors are tiled along N, C (in lane multiples) and 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of, to4d
 from npuc.backends.cv18xx.kernels.tiling import largest_fit
-from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
+from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
@@ -52,24 +53,49 @@ def clamp(cg: Codegen, op: Op, t: LTensor) -> None:
         cg.stream.tiu(tiu.minimum(t, t, int(bf16_bits(np.float32(act.hi)))))
 
 
-def _same_shapes(cg: Codegen, op: Op) -> tuple[list[GTensor], GTensor]:
+@dataclass(frozen=True)
+class Operand:
+    """An eltwise input broadcast to the output's 4-D shape: gmem view (zero strides on broadcast N/C) and
+    whether its H and W repeat (the TIU then reads it with zero h/w strides)."""
+
+    g: GTensor
+    repeat_h: bool
+    repeat_w: bool
+
+    def load(self, cg: Codegen, local: LocalAllocator, b: int, cs: tuple[int, int], hs: tuple[int, int],
+             out_w: int) -> LTensor:  # fmt: skip
+        rows = 1 if self.repeat_h else hs[1] - hs[0]
+        t = local.tensor((1, cs[1] - cs[0], rows, 1 if self.repeat_w else out_w), self.g.fmt)
+        nb = 0 if self.g.shape[0] == 1 else b
+        dma.load(cg.stream, self.g.slice(n=(nb, nb + 1), c=cs, h=(0, 1) if self.repeat_h else hs), t)
+        n_str, c_str, h_str, w_str = t.strides
+        shape = (1, cs[1] - cs[0], hs[1] - hs[0], out_w)
+        strides = (n_str, c_str, 0 if self.repeat_h else h_str, 0 if self.repeat_w else w_str)
+        return LTensor(t.addr, shape, t.fmt, strides)
+
+
+def operands(cg: Codegen, op: Op) -> tuple[list[Operand], GTensor]:
+    out_shape = tuple(cg.graph.shape(op.outputs[0]))
     y = cg.gtensor(op.outputs[0])
-    xs = []
+    result = []
     for name in op.inputs:
-        if tuple(cg.graph.shape(name)) != tuple(cg.graph.shape(op.outputs[0])):
-            raise UserError(
-                f"op '{op.name}' ({op.kind}): broadcasting {cg.graph.shape(name)} to "
-                f"{cg.graph.shape(op.outputs[0])} has no cv18xx kernel yet; expand the input in the model"
-            )
-        xs.append(cg.gtensor(name))
-    return xs, y
+        shape = tuple(cg.graph.shape(name))
+        aligned = to4d((1,) * (len(out_shape) - len(shape)) + shape)  # numpy broadcasting aligns on the right
+        if any(a not in (1, o) for a, o in zip(aligned, y.shape)):
+            raise UserError(f"op '{op.name}' ({op.kind}): input {shape} does not broadcast to {out_shape}")
+        g = cg.gtensor(name, aligned)
+        if aligned[1] != y.shape[1]:  # every channel reads the same plane: a zero channel stride
+            g = GTensor(g.region, g.offset, (g.shape[0], y.shape[1], *g.shape[2:]), g.fmt,
+                        (g.strides[0], 0, *g.strides[2:]))  # fmt: skip
+        result.append(Operand(g, aligned[2] != y.shape[2], aligned[3] != y.shape[3]))
+    return result, y
 
 
 @kernel("eltwise")
 def eltwise(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
     kind = op.attrs.kind
-    xs, y = _same_shapes(cg, op)
+    xs, y = operands(cg, op)
     s = cg.stream
     relu, _ = fused_relu(op)
     bf16 = q.mode == "bf16"
@@ -77,14 +103,10 @@ def eltwise(cg: Codegen, op: Op) -> None:
     mults = np.asarray(q.multiplier).ravel() if q.multiplier is not None else None
     rshift = int(np.asarray(q.rshift).ravel()[0]) if q.rshift is not None else 0
     local = cg.local(op)
-    for b, cs, hs in tiles(cg, y.shape, fmt, len(xs) + 2):
+    for b, cs, hs in tiles(cg, y.shape, fmt, 2 * len(xs) + 2):
         local.reset()
-        ins = []
-        for x in xs:
-            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), fmt)
-            dma.load(s, _part(x, b, cs, hs), lt)
-            ins.append(lt)
-        out = local.tensor(ins[0].shape, fmt)
+        ins = [x.load(cg, local, b, cs, hs, y.shape[3]) for x in xs]
+        out = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), fmt)
         if kind in ("add", "sub"):
             if bf16:
                 coeffs = [BF16_ONE] + [BF16_ONE if kind == "add" else BF16_MINUS_ONE] * (len(ins) - 1)
@@ -92,7 +114,7 @@ def eltwise(cg: Codegen, op: Op) -> None:
                 for i, lt in enumerate(ins[1:], 1):
                     s.tiu(tiu.mac(out, lt, coeffs[i], 16, 0, relu and i == len(ins) - 1, True))
             else:
-                high = local.tensor(ins[0].shape, fmt)
+                high = local.tensor(out.shape, fmt)
                 plane = high.addr - out.addr
                 s.tiu(tiu.mul(out, ins[0], int(mults[0]), out16_plane=plane))
                 for i, lt in enumerate(ins[1:], 1):
@@ -101,9 +123,11 @@ def eltwise(cg: Codegen, op: Op) -> None:
         elif kind in ("max", "min"):
             if not bf16:
                 shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(ins),))
-                for lt, m, r in zip(ins, mults, shifts):
+                for j, (lt, m, r) in enumerate(zip(ins, mults, shifts)):
                     if int(m) != 1 or int(r) != 0:
-                        s.tiu(tiu.mul(lt, lt, int(m), int(r)))
+                        scaled = local.tensor(out.shape, fmt)
+                        s.tiu(tiu.mul(scaled, lt, int(m), int(r)))
+                        ins[j] = scaled
             pick = tiu.maximum if kind == "max" else tiu.minimum
             s.tiu(pick(out, ins[0], ins[1]))
             for lt in ins[2:]:
@@ -161,5 +185,8 @@ def _relu_like(cg: Codegen, op: Op) -> None:
 def activation(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
     if q.mode == "int8" and q.lut is not None:
-        raise UserError(f"op '{op.name}': int8 {op.attrs.act.kind} needs a lookup table, not supported yet")
+        from npuc.backends.cv18xx.kernels.lut import emit_int8_lut  # lut builds on this module's tiling
+
+        emit_int8_lut(cg, op)
+        return
     _relu_like(cg, op)

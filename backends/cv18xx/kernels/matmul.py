@@ -21,10 +21,10 @@ MAX_K = 4095  # the opd1_n field
 
 
 class MatrixLayout:
-    def __init__(self, cg: Codegen, fmt: str) -> None:
+    def __init__(self, cg: Codegen, fmt: str, group: int | None = None) -> None:
         self.chip = cg.chip
         self.fmt = fmt
-        self.group = cg.chip.eu_bytes // ESIZE[fmt]
+        self.group = group or cg.chip.eu_bytes // ESIZE[fmt]
 
     def groups(self, cols: int) -> int:
         return -(-cols // self.group)
@@ -56,6 +56,25 @@ def _operands(cg: Codegen, op: Op) -> tuple[np.ndarray, np.ndarray | None]:
     return np.ascontiguousarray(w), bias
 
 
+def _load_left(cg: Codegen, src: GTensor, rows: int, k: int, dst: LTensor) -> None:
+    """Rows of K values into the left matrix: whole column groups in one move, a partial last group in a
+    second move into its own lane (a move's destination is whole groups)."""
+    e = dst.esz
+    group = cg.chip.eu_bytes // e
+    full = k // group * group
+    n_str, c_str = dst.strides[:2]
+    if full:
+        moved = LTensor(dst.addr, (rows, full // group, 1, group), dst.fmt, (n_str, c_str, group * e, e))
+        dma.load_matrix(cg.stream, src, rows, full, k * e, moved)
+    if full < k:
+        g = full // group
+        lane, block = g % cg.chip.lanes, g // cg.chip.lanes
+        addr = lane * cg.chip.lmem_size + dst.addr + block * c_str
+        rest = LTensor(addr, (rows, 1, 1, k - full), dst.fmt, (n_str, c_str, (k - full) * e, e))
+        dma.load_matrix(cg.stream, GTensor(src.region, src.offset + full * e, (1,) * 4, src.fmt), rows, k - full,
+                        k * e, rest)  # fmt: skip
+
+
 @kernel("gemm", "matmul")
 def fully_connected(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
@@ -68,10 +87,16 @@ def fully_connected(cg: Codegen, op: Op) -> None:
     rows = int(np.prod(in_shape[:-1])) if len(in_shape) > 1 else 1
     if in_shape[-1] != k:
         raise UserError(f"op '{op.name}': input {in_shape} does not end in the weight's {k} rows")
-    if k > MAX_K:
+    if -(-k // 16) * 16 > MAX_K:
         raise UserError(f"op '{op.name}': K = {k} exceeds the {MAX_K} rows one matrix instruction takes")
     relu, _ = fused_relu(op)
     layout = MatrixLayout(cg, fmt)
+    left_layout = layout
+    # the TIU takes K as (left column groups) x (group width): pad K with zero weight rows; the left
+    # matrix's padding columns are zeroed before each load so they add nothing
+    kp = -(-k // layout.group) * layout.group
+    if kp > k:
+        w = np.concatenate([w, np.zeros((kp - k, cols), w.dtype)])
     weight = cg.weights.add(f"{op.name}_filter", bf16_bits(w) if bf16 else np.asarray(w, np.int8), fmt)
     planes = 2 if bf16 else 4
     gbias = None
@@ -84,10 +109,10 @@ def fully_connected(cg: Codegen, op: Op) -> None:
     chip, s = cg.chip, cg.stream
     # column tiles whose weights (K rows) take at most half a lane, then as many rows as fit
     tile_cols = cols
-    while tile_cols > layout.group and layout.lane_bytes(k, tile_cols) > chip.lmem_size // 2:
+    while tile_cols > layout.group and layout.lane_bytes(kp, tile_cols) > chip.lmem_size // 2:
         tile_cols = max(layout.group, (tile_cols // 2 + layout.group - 1) // layout.group * layout.group)
-    fixed = layout.lane_bytes(k, tile_cols) + (layout.lane_bytes(planes, tile_cols) if gbias is not None else 0)
-    per_row = layout.lane_bytes(1, k) + layout.lane_bytes(1, tile_cols)
+    fixed = layout.lane_bytes(kp, tile_cols) + (layout.lane_bytes(planes, tile_cols) if gbias is not None else 0)
+    per_row = left_layout.lane_bytes(1, k) + layout.lane_bytes(1, tile_cols)
     tile_rows = min(rows, MAX_K, (chip.lmem_size - fixed) // per_row)
     if tile_rows < 1:
         raise UserError(f"op '{op.name}': a {k}x{tile_cols} weight tile does not fit in {chip.name} local memory")
@@ -95,9 +120,9 @@ def fully_connected(cg: Codegen, op: Op) -> None:
         c1 = min(cols, c0 + tile_cols)
         nc = c1 - c0
         top = 0
-        right, right_moved = layout.tensors(top, k, nc)
-        top += layout.lane_bytes(k, nc)
-        dma.load_matrix(s, GTensor(weight.region, weight.offset + c0 * e, (1,) * 4, fmt), k, nc, cols * e,
+        right, right_moved = layout.tensors(top, kp, nc)
+        top += layout.lane_bytes(kp, nc)
+        dma.load_matrix(s, GTensor(weight.region, weight.offset + c0 * e, (1,) * 4, fmt), kp, nc, cols * e,
                         right_moved)  # fmt: skip
         lbias = None
         if gbias is not None:
@@ -108,13 +133,17 @@ def fully_connected(cg: Codegen, op: Op) -> None:
         for r0 in range(0, rows, tile_rows):
             r1 = min(rows, r0 + tile_rows)
             m = r1 - r0
-            left, left_moved = layout.tensors(top, m, k)
-            out_addr = top + layout.lane_bytes(m, k)
+            left, left_moved = left_layout.tensors(top, m, kp)
+            out_addr = top + left_layout.lane_bytes(m, kp)
+            if kp > k:
+                n_str, c_str = left.strides[:2]
+                as_bytes = (m, left.shape[1], 1, layout.group * e)
+                s.tiu(tiu.xor_zero(LTensor(left.addr, as_bytes, "i8", (n_str, c_str, layout.group * e, 1))))
             out, out_moved = layout.tensors(out_addr, m, nc)
-            dma.load_matrix(s, GTensor(x.region, x.offset + r0 * k * e, (1,) * 4, fmt), m, k, k * e, left_moved)
+            _load_left(cg, GTensor(x.region, x.offset + r0 * k * e, (1,) * 4, fmt), m, k, left_moved)
             mult = int(np.asarray(q.multiplier).ravel()[0]) if not bf16 else 0
             rshift = int(np.asarray(q.rshift).ravel()[0]) if not bf16 else 0
-            s.tiu(tiu.matmul(out, left, right, lbias, k, mult, rshift, relu))
+            s.tiu(tiu.matmul(out, left, right, lbias, kp, mult, rshift, relu))
             clamp(cg, op, out)
             dst = GTensor(yp.region, yp.offset + (r0 * cols + c0) * e, (1,) * 4, fmt)
             dma.store_matrix(s, out_moved, dst, m, nc, cols * e)
