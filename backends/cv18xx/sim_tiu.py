@@ -216,7 +216,9 @@ def tiu_max_pool(ctx: TiuContext) -> None:
     if ctx.bf16:  # cv183x keeps the bf16 pad value in its own field
         pad = bf16_to_f32(np.array(ctx.f.get("opd0_ins_fp", ctx.f["opd0_ins_val"]), np.uint16))
     else:
-        pad = ctx.f["opd0_ins_val"] - (0x10000 if ctx.f["opd0_ins_val"] & 0x8000 else 0)
+        bits = 8 if ctx.chip.tiu_layout == "cv183x" else 16  # cv183x keeps an 8-bit int8 pad value
+        raw = ctx.f["opd0_ins_val"]
+        pad = raw - ((1 << bits) if raw & (1 << (bits - 1)) else 0)
     win = _windows(ctx, ctx.read("opd0"), ctx.f["opd1_h"], ctx.f["opd1_w"], pad)
     ctx.write_res(win.max(axis=(4, 5)))
 
