@@ -345,8 +345,38 @@ def _int8_activation(ctx: QuantContext, op: Op) -> Lowered | None:
     return Lowered([ctx.as_int8(op.inputs[0])], OpQuant("int8", (int8_params(th_x),), int8_params(th_y), lut=table))
 
 
+def _scale_factors(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A real per-channel scale as (int8 weight, QDM multiplier, rshift): weight = ±ceil(|s|) so the QDM
+    part |s| / ceil(|s|) stays at most 1 (a zero scale keeps weight 1 and multiplies by 0)."""
+    scale = np.asarray(scale, np.float64)
+    magnitude = np.maximum(np.ceil(np.abs(scale)), 1.0)
+    if magnitude.max() > 127:
+        raise UserError(f"a PReLU rescale factor of {magnitude.max():g} does not fit an int8 weight")
+    weight = np.where(scale < 0, -magnitude, magnitude).astype(np.int8)
+    multiplier, rshift = cv18xx_qdm_multiplier(np.abs(scale) / magnitude)
+    multiplier = np.where(scale == 0, 0, multiplier)
+    return weight, np.asarray(multiplier, np.int64), np.asarray(rshift, np.int64)
+
+
+def _int8_prelu(ctx: QuantContext, op: Op) -> Lowered | None:
+    """y = q(x+ · th_x/th_y) + q(x- · slope_c · th_x/th_y): each half a per-channel 1x1 depthwise requant."""
+    th = _thresholds(ctx, op, [op.inputs[0], op.outputs[0]])
+    slope = ctx.graph.const(op.inputs[1])
+    channels = ctx.graph.shape(op.inputs[0])[1] if len(ctx.graph.shape(op.inputs[0])) > 1 else 1
+    if th is None or slope is None or slope.size not in (1, channels):
+        return None
+    ratio = np.float64(np.float32(th[0])) / np.float64(np.float32(th[1]))
+    slopes = np.broadcast_to(np.asarray(slope, np.float64).reshape(-1), (channels,))
+    w_pos, m_pos, r_pos = _scale_factors(np.full(channels, ratio))
+    w_neg, m_neg, r_neg = _scale_factors(slopes * ratio)
+    weights = ctx.const(f"{op.inputs[1]}_int8", np.stack([w_pos, w_neg]), None)
+    q = OpQuant("int8", (int8_params(th[0]),), int8_params(th[1]), np.stack([m_pos, m_neg]), np.stack([r_pos, r_neg]))
+    return Lowered([ctx.as_int8(op.inputs[0]), weights], q)
+
+
 CV18XX_INT8_RULES: Mapping[str, Rule] = MappingProxyType(
     {
+        "prelu": _int8_prelu,
         "conv2d": _int8_conv,
         "gemm": _int8_gemm,
         "matmul": _int8_gemm,

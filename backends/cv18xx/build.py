@@ -24,9 +24,11 @@ from npuc.backends.cv18xx.codegen import Codegen, generate
 from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel
 from npuc.backends.cv18xx.fbcodec import encode as fb_encode
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
+from npuc.compiler import ops
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
+from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.compiler.targets import BuildRequest, BuildResult
 from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
@@ -93,6 +95,23 @@ def _softmax_tail(qgraph: Graph) -> list[Op]:
         op.outputs = [dequant.outputs[0]]
         tail.append(op)
     return tail
+
+
+def _nhwc_inputs(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op]) -> None:
+    """Inputs fed NHWC (an absorbed input transpose): the CPU routine quantizes them as fed and the TPU
+    routine starts with the NHWC -> NCHW transpose."""
+    for op in cpu_ops:
+        src = op.inputs[0]
+        if qgraph.input_layouts.get(src, "nchw") != "nhwc":
+            continue
+        n, c, h, w = qgraph.shape(src)
+        quant = qgraph.tensors[op.outputs[0]].quant
+        qgraph.tensors[src].shape = (n, h, w, c)
+        mid = qgraph.unique_name(f"{op.outputs[0]}_nhwc")
+        qgraph.add_tensor(mid, (n, h, w, c), "int8").quant = quant
+        attrs = with_quant(ops.Transpose((0, 3, 1, 2)), OpQuant("int8", (quant,), quant))
+        tpu_ops.insert(0, Op(f"{mid}_to_nchw", "transpose", [mid], [op.outputs[0]], attrs))
+        op.outputs = [mid]
 
 
 def _rename(graph: Graph, old: str, new: str) -> None:
@@ -178,6 +197,10 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     )
     tail_ops = _softmax_tail(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
+    if any(layout == "nhwc" for layout in qgraph.input_layouts.values()):
+        if opts.get("quant_input") or quant != "int8":
+            raise UserError("an NHWC model input is supported with a float32 input and --quant int8 only")
+        _nhwc_inputs(qgraph, cpu_ops, tpu_ops)
     tpu_outputs = [op.inputs[0] if op.outputs[0] in outputs else None for op in tail_ops]
     tpu_outputs = [o for o in outputs if o not in {op.outputs[0] for op in tail_ops}] + [
         t for t in tpu_outputs if t is not None

@@ -101,3 +101,16 @@ def store_matrix(stream: CmdStream, src: LTensor, dst: GTensor, rows: int, cols:
     }
     fields.update({"dst_n_stride": 1, "dst_c_stride_low": row_pitch, "dst_c_stride_high": 0, "dst_h_stride": 1})
     stream.tdma(fields)
+
+
+def copy_global(stream: CmdStream, src: GTensor, dst: GTensor) -> None:
+    """gmem -> gmem with arbitrary n/c/h strides on both sides (w is contiguous)."""
+    stream.tdma(
+        {
+            "trans_dir": 2,
+            **_global(stream, "src", src),
+            **_global(stream, "dst", dst),
+            **_shapes(src.shape, dst.shape),
+            **_formats(src.fmt, dst.fmt),
+        }
+    )

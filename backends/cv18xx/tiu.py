@@ -88,7 +88,7 @@ def depthwise(out: LTensor, x: LTensor, w: LTensor, params: LTensor | None, win:
         **win.fields(),
         "opt_relu_typ": int(relu),
     }
-    return {**f, **_bias_operand(out, params, has_bias)}
+    return {**f, **_bias_operand(out, params, has_bias), "opt_opd2_sign": 1}  # the depthwise unit insists
 
 
 def _bias_operand(out: LTensor, params: LTensor | None, has_bias: bool) -> dict[str, int]:

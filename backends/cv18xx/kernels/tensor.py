@@ -143,3 +143,28 @@ def resize(cg: Codegen, op: Op) -> None:
                               sw * e))  # fmt: skip
                 s.tiu(tiu.copy(dst, lx))
         dma.store(s, ly, y.slice(n=(b, b + 1), c=cs, h=(hs[0] * sh, hs[1] * sh)))
+
+
+@kernel("transpose")
+def transpose(cg: Codegen, op: Op) -> None:
+    """A permutation as strided gmem -> gmem moves of single elements: the output's last three axes become
+    the move's n, c and h (w = 1), read through the input's strides; one move per index of the first axis."""
+    perm = op.attrs.perm
+    in_shape = tuple(cg.graph.shape(op.inputs[0]))
+    if len(perm) > 4:
+        raise UserError(f"op '{op.name}': a {len(perm)}-D transpose has no cv18xx kernel")
+    pad = 4 - len(perm)
+    perm4 = tuple(range(pad)) + tuple(p + pad for p in perm)
+    shape4 = (1,) * pad + in_shape
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    e = 2 if x.fmt == "bf16" else 1
+    in_strides = [int(np.prod(shape4[i + 1 :])) * e for i in range(4)]
+    out_shape = tuple(shape4[p] for p in perm4)
+    out_strides = [int(np.prod(out_shape[i + 1 :])) * e for i in range(4)]
+    if max(out_shape[1:]) > 0xFFFF:
+        raise UserError(f"op '{op.name}': transposed dims {out_shape} exceed the TDMA shape fields")
+    for i in range(out_shape[0]):
+        src = GTensor(x.region, x.offset + i * in_strides[perm4[0]], (*out_shape[1:], 1), x.fmt,
+                      (*(in_strides[p] for p in perm4[1:]), e))  # fmt: skip
+        dst = GTensor(y.region, y.offset + i * out_strides[0], (*out_shape[1:], 1), y.fmt, (*out_strides[1:], e))
+        dma.copy_global(cg.stream, src, dst)

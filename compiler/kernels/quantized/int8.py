@@ -167,6 +167,20 @@ def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [_finish(cv18xx_apply_multiplier_rshift(total, q.multiplier, q.rshift), q, False)]
 
 
+@quant_kernel("int8", "prelu")
+def prelu(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Positive and negative halves each scaled per channel (int8 weight, then QDM), saturated, then added."""
+    q, x = op_quant(op), inputs[0].astype(np.int64)
+    weights = inputs[1].astype(np.int64)
+    shape = [1] * x.ndim
+    shape[1] = -1
+    halves = []
+    for i, part in enumerate((np.maximum(x, 0), np.minimum(x, 0))):
+        w, m, r = (np.asarray(a[i]).reshape(shape) for a in (weights, q.multiplier, q.rshift))
+        halves.append(saturate(rounding_divide_by_pot(saturating_rounding_doubling_high_mul(part * w, m), r), np.int8))
+    return [saturate(halves[0].astype(np.int64) + halves[1], np.int8)]
+
+
 @quant_kernel("int8", "activation", "lut")
 def lookup(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     q, x = op_quant(op), inputs[0]
