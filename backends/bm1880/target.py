@@ -10,7 +10,8 @@ register_target(
         artifact=".bmodel (protobuf + BMKernel cmdbuf)",
         status=(
             "reads and inspects all three bmodel containers and decodes every command buffer (--disasm); "
-            "BMNet calibration tables read and write; code generation and simulation are not implemented yet"
+            "BMNet calibration tables read and write; npuc run simulates bmodels from their bytes; "
+            "code generation is not implemented yet"
         ),
     )
 )
