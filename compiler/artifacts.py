@@ -19,6 +19,7 @@ ARTIFACT_MODULES = (
     "npuc.backends.bm1880.artifact",
     "npuc.backends.lyngor.artifact",
     "npuc.backends.dmp.artifact",
+    "npuc.backends.bpu.artifact",
 )
 
 

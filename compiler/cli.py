@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 # Each module registers its commands on `app` when imported.
-COMMAND_MODULES = ("targets", "inspect", "run", "build", "calibrate", "compare")
+COMMAND_MODULES = ("targets", "inspect", "run", "build", "calibrate", "compare", "export")
 
 for _module in COMMAND_MODULES:
     importlib.import_module(f"npuc.compiler.commands.{_module}").register(app)

@@ -9,8 +9,12 @@ from typing import Any
 import typer
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
+from npuc.compiler.interp import external_shape
 from npuc.compiler.targets import BuildRequest, get_target
+from npuc.frontends.hbcalib import calibrate_config
+from npuc.frontends.hbconfig import HbConfig, load_config
 from npuc.frontends.onnx import import_onnx, parse_input_shapes
+from npuc.passes.calitable import write_table
 from npuc.passes.canonicalize import canonicalize
 
 
@@ -35,11 +39,37 @@ def _shape_sets(specs: list[str]) -> list[dict[str, tuple[int, ...]]]:
     return sets
 
 
+CONFIG_DEFAULT_TARGET = "bpu"  # an hb_mapper config describes a Horizon build unless --target says otherwise
+
+
+def _apply_config(
+    hb: HbConfig,
+    model: Path,
+    target: str,
+    options: dict[str, Any],
+    notes: list[str],
+    output: Path | None,
+    calib: Path | None,
+) -> tuple[Path, Path | None]:
+    """Fill what the command line left open from the config: name, output, inputs, calibration table."""
+    options.setdefault("name", hb.output_prefix)
+    options.setdefault("march", hb.march)
+    options["hb_inputs"] = hb.inputs
+    notes.extend(f"{hb.source.name}: {line}" for line in hb.ignored)
+    if output is None or (calib is None and hb.cal_data_dir is not None):
+        hb.working_dir.mkdir(parents=True, exist_ok=True)
+    if calib is None and hb.cal_data_dir is not None:
+        calib = hb.working_dir / f"{hb.output_prefix}_cali_table.txt"
+        write_table(calibrate_config(hb, model), calib)
+        notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
+    return output or hb.working_dir / f"{hb.output_prefix}_{target}", calib
+
+
 def register(app: typer.Typer) -> None:
     @app.command("build")
     def build(
-        model: Path = typer.Argument(..., help="The ONNX model to compile."),
-        target: str = typer.Option(..., "--target", "-t", help="Target name (see `npuc targets`)."),
+        model: Path = typer.Argument(None, help="The ONNX model to compile (optional with --config)."),
+        target: str = typer.Option(None, "--target", "-t", help="Target name (see `npuc targets`; bpu with --config)."),
         output: Path = typer.Option(None, "--output", "-o", help="Artifact path (default: <model>_<target>)."),
         chip: str = typer.Option(None, "--chip", help="Chip of the target family."),
         quant: str = typer.Option(None, "--quant", help="Number format (target-specific, e.g. int8, bf16, fp16)."),
@@ -59,8 +89,19 @@ def register(app: typer.Typer) -> None:
         option: list[str] = typer.Option([], "--option", help="Target option KEY=VALUE (JSON values allowed)."),
         depfile: Path = typer.Option(None, "--depfile", help="Write a Makefile dependency line here."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
+        config: Path = typer.Option(
+            None, "--config", help="hb_mapper-style YAML: model, inputs, preprocessing, calibration data."
+        ),
     ) -> None:
         """Compile MODEL for a target and write the artifact atomically."""
+        hb = load_config(config) if config is not None else None
+        if hb is not None:
+            model = model or hb.model
+            target = target or CONFIG_DEFAULT_TARGET
+            if not input_shape:
+                input_shape = [f"{n}:{','.join(map(str, s))}" for n, s in hb.input_shapes().items()]
+        if model is None or target is None:
+            raise UserError("give MODEL and --target T, or --config YAML (which names the model)")
         chosen = get_target(target)
         if chosen.build is None:
             raise UserError(f"target '{target}' cannot build yet ({chosen.status}); see `npuc targets`")
@@ -87,12 +128,15 @@ def register(app: typer.Typer) -> None:
         notes: list[str] = []
         graph = import_onnx(model, shape_sets[0] if shape_sets else None, notes)
         canonicalize(graph)
+        if hb is not None:
+            hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
+            output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
         out = output or Path(f"{model.stem}_{chosen.name}")
         request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
         result = chosen.build(request)
 
         if depfile is not None:
-            deps = " ".join(str(p) for p in [model, calib] if p is not None)
+            deps = " ".join(str(p) for p in [model, calib, config] if p is not None)
             atomic_write_bytes(depfile, f"{' '.join(str(a) for a in result.artifacts)}: {deps}\n".encode())
         if as_json:
             summary = {"target": chosen.name, "artifacts": [str(a) for a in result.artifacts], **result.summary}

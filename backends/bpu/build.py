@@ -1,0 +1,250 @@
+"""Build the bpu output folder: hbDNN contract (JSON + C header) and the QDQ ONNX of npuc's int8 model.
+
+The float graph is quantized with npuc's symmetric int8 scheme (`cv18xx_int8`: per-tensor activations th/127,
+per-channel conv weights); the QDQ ONNX carries those numbers (passes/qdq.py). Image inputs described by an
+hb_mapper config (options["hb_inputs"]) take int8 NHWC runtime pixels (u8 - 128) and start with the
+HzPreprocess chain, as hb_mapper's quantized_model.onnx does; featuremap inputs take float32 and are S8
+in the contract.
+
+Options (BuildRequest.options):
+  name          file prefix (default: the model's stem)
+  hb_inputs     InputConfig per input from frontends.hbconfig (absent: every input is a featuremap)
+  quanti_type   "scale" (default) or "shift": the quantiType of S8 boundaries; shift rounds the boundary
+                threshold up to 127·2^-shift so the scale is a power of two
+  quant_output  outputs as S8 codes with their SCALE/SHIFT (default: F32, dequantized)
+  float_layers  op/tensor names kept in the fallback format
+  calib_data    sample folder/file(s) to calibrate on when no --calib table is given
+  calib_method  kl (default), max, percentile, mse; calib_percentile for percentile
+  march         bernoulli2 (default) or bayes, recorded in the contract
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from npuc.compiler.errors import UserError
+from npuc.compiler.interp import external_shape
+from npuc.compiler.ir import Graph
+from npuc.compiler.targets import BuildRequest, BuildResult
+from npuc.passes.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calitable import CalibrationTable, read_table
+from npuc.passes.preprocess import Preprocess
+from npuc.passes.qdq import InputPrologue, plan_from_quantized, thresholds_for_model, write_qdq
+from npuc.passes.quantize import ThresholdMap, quantize
+
+from .contract import Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
+
+CONTRACT_FILE = "hbdnn_contract.json"
+QUANTI_TYPES = ("scale", "shift")
+MAX_SHIFT = 31
+IMAGE_TYPES = {"nv12": "IMG_NV12", "yuv444": "IMG_YUV444", "rgb": "IMG_RGB", "bgr": "IMG_BGR", "gray": "IMG_Y"}
+
+
+@dataclass(frozen=True)
+class BpuOptions:
+    name: str
+    hb_inputs: tuple[Any, ...]
+    quanti_type: str
+    quant_output: bool
+    float_layers: tuple[str, ...]
+    calib_data: tuple[str, ...]
+    calib_method: str
+    calib_percentile: float
+    march: str
+
+    @classmethod
+    def from_request(cls, request: BuildRequest) -> BpuOptions:
+        o = dict(request.options)
+        quanti = str(o.get("quanti_type", "scale")).lower()
+        if quanti not in QUANTI_TYPES:
+            raise UserError(f"--option quanti_type={quanti}: use one of {', '.join(QUANTI_TYPES)}")
+        march = str(o.get("march", "bernoulli2"))
+        if march not in ("bernoulli2", "bayes"):
+            raise UserError(f"--option march={march}: use bernoulli2 (X3) or bayes")
+        data = o.get("calib_data") or ()
+        return cls(
+            name=str(o.get("name") or request.model_path.stem),
+            hb_inputs=tuple(o.get("hb_inputs") or ()),
+            quanti_type=quanti,
+            quant_output=bool(o.get("quant_output", False)),
+            float_layers=tuple(o.get("float_layers") or ()),
+            calib_data=tuple(str(d) for d in ([data] if isinstance(data, (str, Path)) else data)),
+            calib_method=str(o.get("calib_method", "kl")),
+            calib_percentile=float(o.get("calib_percentile", 99.99)),
+            march=march,
+        )
+
+
+def calibration_table(request: BuildRequest, opts: BpuOptions) -> CalibrationTable:
+    """The --calib table, or one made now from options["calib_data"]."""
+    if request.calib_table is not None:
+        return read_table(request.calib_table)
+    if not opts.calib_data:
+        raise UserError(
+            "target bpu quantizes to int8 and needs thresholds: give --calib TABLE, cal_data_dir in --config, "
+            "or --option calib_data=FOLDER"
+        )
+    g = request.graph
+    shapes = {n: external_shape(g, n) for n in g.inputs}
+    options = CalibrationOptions(method=opts.calib_method, percentile=opts.calib_percentile)
+    result = calibrate(request.model_path, list(opts.calib_data), Preprocess(), options, input_shapes=shapes)
+    return result.table
+
+
+def shift_for(threshold: float) -> int | None:
+    """The SHIFT of a boundary: largest s with 127·2^-s >= threshold (None if s would be < 0 or > 31)."""
+    s = int(np.floor(np.log2(127.0 / float(threshold))))
+    return s if 0 <= s <= MAX_SHIFT else None
+
+
+def boundary_thresholds(
+    graph: Graph, table: CalibrationTable, model_path: Path, opts: BpuOptions, notes: list[str]
+) -> ThresholdMap:
+    """Thresholds with SHIFT boundaries rounded up to powers of two (float inputs, int8 outputs)."""
+    th = thresholds_for_model(graph, table, model_path)
+    if opts.quanti_type != "shift":
+        return th
+    images = {i.name for i in opts.hb_inputs if i.is_image}
+    names = [n for n in graph.inputs if n not in images] + (list(graph.outputs) if opts.quant_output else [])
+    for name in names:
+        if name not in th.thresholds:
+            continue
+        s = shift_for(th.thresholds[name])
+        if s is None:
+            notes.append(f"{name}: threshold {th.thresholds[name]:g} has no shift in 0..{MAX_SHIFT}; kept as SCALE")
+            continue
+        th.thresholds[name] = float(np.float32(127.0 * 2.0**-s))
+    return th
+
+
+def _quant_fields(scale: float, opts: BpuOptions) -> dict[str, Any]:
+    s = shift_for(scale * 127.0) if opts.quanti_type == "shift" else None
+    if s is not None and np.float32(2.0**-s) == np.float32(scale):
+        return {"quanti_type": "SHIFT", "shift_data": (s,)}
+    return {"quanti_type": "SCALE", "scale_data": (float(np.float32(scale)),), "zero_point_data": (0,)}
+
+
+def _input_properties(qgraph: Graph, name: str, cfg: Any, opts: BpuOptions) -> TensorProperties:
+    if cfg is not None and cfg.is_image:
+        n, c, h, w = qgraph.shape(name)
+        c_rt = 1 if cfg.type_rt == "gray" else 3
+        layout = "NCHW" if cfg.type_rt in ("nv12", "gray") else (cfg.layout_rt or "NHWC")
+        valid = (n, c_rt, h, w) if layout == "NCHW" else (n, h, w, c_rt)
+        p = make_properties(name, valid, layout, IMAGE_TYPES[cfg.type_rt], False)
+        p.extra = {
+            "input_type_rt": cfg.type_rt,
+            "input_type_train": cfg.type_train,
+            "input_space_and_range": cfg.space,
+            "norm_type": cfg.norm_type,
+            "mean_value": list(cfg.mean or ()),
+            "scale_value": list(cfg.scale or ()),
+            "quantized_model_input": f"int8 {'x'.join(map(str, (n, h, w, c_rt)))} NHWC, u8 - 128",
+        }
+        return p
+    shape = external_shape(qgraph, name)
+    layout = qgraph.input_layouts.get(name, "nchw").upper() if len(shape) == 4 else "NONE"
+    fmt = _boundary_format(qgraph, name)
+    if fmt is None:  # the scheme kept this input in float (no threshold): the contract says so
+        return make_properties(name, shape, layout, "F32", False)
+    return make_properties(name, shape, layout, "S8", False, **_quant_fields(fmt, opts))
+
+
+def _boundary_format(qgraph: Graph, name: str) -> float | None:
+    """The int8 scale a graph input is quantized to on entry (its cast op), or None."""
+    for op in qgraph.ops:
+        q = getattr(op.attrs, "quant", None)
+        if op.kind == "cast" and op.inputs[0] == name and q is not None and q.output is not None:
+            if q.output.scheme == "int8_sym":
+                return float(q.output.scale)
+    return None
+
+
+def _output_properties(qgraph: Graph, name: str, opts: BpuOptions) -> TensorProperties:
+    shape = qgraph.shape(name)
+    layout = "NCHW" if len(shape) == 4 else "NONE"
+    producer = next((op for op in qgraph.ops if name in op.outputs), None)
+    q = getattr(producer.attrs, "quant", None) if producer is not None else None
+    fmt = q.inputs[0] if producer is not None and producer.kind == "cast" and q is not None and q.inputs else None
+    if opts.quant_output and fmt is not None and fmt.scheme == "int8_sym":
+        return make_properties(name, shape, layout, "S8", True, **_quant_fields(float(fmt.scale), opts))
+    return make_properties(name, shape, layout, "F32", True)
+
+
+def _write_folder(output: Path, files: dict[str, bytes]) -> None:
+    """Write all files into a temporary folder beside `output`, then swap it into place."""
+    output = Path(output)
+    if not output.parent.is_dir():
+        raise UserError(f"output folder {output.parent} does not exist; create it or choose another -o")
+    if output.exists() and not output.is_dir():
+        raise UserError(f"{output} is a file; the bpu target writes a folder, choose another -o")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        for rel, data in sorted(files.items()):
+            (tmp / rel).write_bytes(data)
+            os.chmod(tmp / rel, 0o644)
+        os.chmod(tmp, 0o755)
+        old = None
+        if output.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+            os.replace(output, old / output.name)
+        os.replace(tmp, output)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def prologues_for(inputs: Sequence[Any]) -> dict[str, InputPrologue]:
+    return {cfg.name: InputPrologue(cfg.affine()) for cfg in inputs if cfg.is_image}
+
+
+def build_bpu(request: BuildRequest) -> BuildResult:
+    """`npuc build --target bpu`: the output folder with the contract, its C header and the QDQ ONNX."""
+    opts = BpuOptions.from_request(request)
+    graph = request.graph
+    by_name = {cfg.name: cfg for cfg in opts.hb_inputs}
+    unknown = sorted(set(by_name) - set(graph.inputs))
+    if unknown:
+        raise UserError(f"config input(s) {unknown} are not model inputs {graph.inputs}; fix input_name")
+    notes: list[str] = []
+    table = calibration_table(request, opts)
+    qgraph = quantize(
+        graph, boundary_thresholds(graph, table, request.model_path, opts, notes), "cv18xx_int8", opts.float_layers
+    )
+    model = write_qdq(qgraph, plan_from_quantized(qgraph), opts.name, prologues_for(opts.hb_inputs))
+    model_file = f"{opts.name}_quantized_model.onnx"
+    contract = Contract(
+        name=opts.name,
+        march=opts.march,
+        model_file=model_file,
+        inputs=[_input_properties(qgraph, n, by_name.get(n), opts) for n in graph.inputs],
+        outputs=[_output_properties(qgraph, n, opts) for n in graph.outputs],
+        notes=[
+            "the deployable .bin is made by Horizon's hb_mapper; this folder is npuc's int8 model and its I/O",
+            *notes,
+        ],
+    )
+    files = {
+        CONTRACT_FILE: contract_to_json(contract),
+        f"{opts.name}_hbdnn_contract.h": contract_to_header(contract),
+        model_file: model.SerializeToString(deterministic=True),
+    }
+    _write_folder(request.output, files)
+    int8_ops = sum(1 for op in qgraph.ops if getattr(getattr(op.attrs, "quant", None), "mode", "") == "int8")
+    return BuildResult(
+        [request.output],
+        {
+            "int8 ops": int8_ops,
+            "ops": len(qgraph.ops),
+            "inputs": len(contract.inputs),
+            "outputs": len(contract.outputs),
+        },
+    )

@@ -1,0 +1,356 @@
+"""Write npuc's quantization as a QDQ ONNX model that onnxruntime runs (like hb_mapper's quantized_model.onnx).
+
+Every int8 activation T becomes `T --QuantizeLinear--> T_q --DequantizeLinear--> T_dq` with scale s and
+zero point 0; weights are int8 initializers behind a DequantizeLinear (per output channel where the scheme
+is), biases int32 at the accumulator scale; the ops themselves run in float between the pairs. A `QdqPlan`
+holds those numbers; each target names how its plan is made (TARGET_PLANS):
+
+- cv18xx, bpu (and lyngor/dmp, which have no int8 scheme of their own: npuc's symmetric int8 is shown for
+  them): from the graph `passes.quantize(..., "cv18xx_int8")` makes. Activation scale th/127; weight scale
+  `M·2^-(31+rshift)·th_y/th_x` per channel, so float conv + QuantizeLinear gives `acc·M/2^(31+rshift)`,
+  the integer kernel's requantization. Ops whose kernel rescales each input with an 8-bit multiplier (add,
+  sub, max, min, concat, average pools, mul) get their own DequantizeLinear per input at exactly that
+  multiplier's scale. Int8 activations (hard-swish, sigmoid ... as 256-entry tables in npuc) are a Gather
+  of the table's dequantized values on the input codes, so they match npuc exactly. Left: QuantizeLinear
+  rounds once and half to even where npuc's QDM requantization rounds twice (at 2^31, then half away at
+  2^rshift) and pools/eltwise round half up; bf16 fallback ops run in float32.
+- bm1880: from the float graph and the thresholds: activation scale th/128, conv/FC weights with BMNet's
+  per-layer power-of-two shift (scale `Ty/(Tx·2^r)`), int16 bias (scale `Ty/(128·2^r)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+import onnx
+from npuc.compiler.errors import UnsupportedError, UserError
+from npuc.compiler.ir import Graph, Op
+from npuc.frontends.onnx import load_model
+from npuc.passes.calibrate import tensor_table_names
+from npuc.passes.calitable import CalibrationTable
+from npuc.passes.colorspace import PreprocessAffine
+from npuc.passes.fixedpoint import bm1880_quantize_layer
+from npuc.passes.qdq_ops import EMITTERS, OPSET, OnnxBuilder
+from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
+from onnx import TensorProto, helper
+
+
+@dataclass(frozen=True)
+class ConstQ:
+    """A quantized constant: integer data and its dequantization scale (per tensor, or along `axis`)."""
+
+    data: np.ndarray
+    scale: np.ndarray
+    axis: int | None = None
+
+
+@dataclass
+class QdqPlan:
+    """The numbers of a QDQ model: activation scales, quantized constants, per-consumer input scales."""
+
+    scheme: str
+    act: dict[str, float] = field(default_factory=dict)  # int8 tensor -> scale (zero point 0)
+    consts: dict[tuple[str, int], ConstQ] = field(default_factory=dict)  # (op name, input index)
+    dq_scales: dict[tuple[str, int], float] = field(default_factory=dict)  # (op name, input index)
+    luts: dict[str, np.ndarray] = field(default_factory=dict)  # op name -> 256 int8 codes by input byte
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class InputPrologue:
+    """An image input fed as int8 NHWC runtime pixels (u8 - 128), mapped to the model's input by HzPreprocess."""
+
+    affine: PreprocessAffine
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plans
+
+
+def _pot(shift: np.ndarray) -> np.ndarray:
+    return np.ldexp(1.0, -np.asarray(shift, np.int64).astype(np.int32))
+
+
+def _requant_scale(q, th_in: float, th_out: float) -> np.ndarray:  # noqa: ANN001 - OpQuant
+    """QDM weight scale: `M·2^-(31+r)·th_out/th_in` (one per multiplier)."""
+    m = np.asarray(q.multiplier, np.float64).ravel()
+    return m * _pot(np.asarray(q.rshift).ravel() + 31) * (th_out / th_in)
+
+
+def _plan_weights(plan: QdqPlan, g: Graph, op: Op, q) -> None:  # noqa: ANN001
+    th_x, th_y = float(q.inputs[0].threshold), float(q.output.threshold)
+    s_w = _requant_scale(q, th_x, th_y)
+    per_channel = op.kind == "conv2d" and s_w.size > 1
+    axis = 0 if per_channel else None
+    w_scale = s_w.astype(np.float32) if per_channel else np.float32(s_w[0])
+    plan.consts[(op.name, 1)] = ConstQ(g.const(op.inputs[1]), w_scale, axis)
+    if len(op.inputs) > 2 and op.inputs[2]:
+        b_scale = (s_w * th_x / 127.0).astype(np.float32)
+        plan.consts[(op.name, 2)] = ConstQ(g.const(op.inputs[2]), b_scale if per_channel else b_scale[0], axis)
+
+
+def _plan_rescaled_inputs(plan: QdqPlan, g: Graph, op: Op, q) -> None:  # noqa: ANN001
+    """Each input dequantized at its multiplier's scale: `|m_i|·2^-r_i·s_out` (times the pool count)."""
+    s_out = float(q.output.scale)
+    m = np.abs(np.asarray(q.multiplier, np.float64).ravel())
+    r = np.broadcast_to(np.asarray(q.rshift).ravel(), m.shape)
+    count = 1.0
+    if op.kind == "pool2d":
+        count = float(op.attrs.kernel[0] * op.attrs.kernel[1])
+    elif op.kind == "global_pool":
+        count = float(np.prod(g.shape(op.inputs[0])[2:]))
+    scales = m * _pot(r) * s_out * count
+    for i, s in enumerate(scales):
+        plan.dq_scales[(op.name, i)] = float(s)
+
+
+def _plan_mul(plan: QdqPlan, g: Graph, op: Op, q) -> None:  # noqa: ANN001
+    """Product of n inputs: the last input's scale carries `M·2^-(31+r)·s_out / Π other scales`."""
+    others = np.prod([float(p.scale) for p in q.inputs[:-1]])
+    real = float(_requant_scale(q, 1.0, 1.0)[0])
+    plan.dq_scales[(op.name, len(op.inputs) - 1)] = real * float(q.output.scale) / others
+
+
+def _plan_int8_op(plan: QdqPlan, g: Graph, op: Op, q) -> None:  # noqa: ANN001
+    kind = op.kind
+    if kind in ("activation", "lut") and q.lut is not None:
+        plan.luts[op.name] = np.asarray(q.lut, np.int8)
+    elif kind in ("conv2d", "gemm", "matmul") and q.multiplier is not None:
+        _plan_weights(plan, g, op, q)
+    elif kind == "eltwise" and op.attrs.kind == "mul":
+        _plan_mul(plan, g, op, q)
+    elif (kind in ("eltwise", "concat") or (kind in ("pool2d", "global_pool") and op.attrs.mode == "avg")) and (
+        q.multiplier is not None
+    ):
+        _plan_rescaled_inputs(plan, g, op, q)
+
+
+def plan_from_quantized(qgraph: Graph, scheme: str = "cv18xx_int8") -> QdqPlan:
+    """The QDQ plan of a graph made by `passes.quantize` (int8 tensors, OpQuant on every op)."""
+    plan = QdqPlan(scheme, note=f"npuc {scheme}: symmetric int8 activations (th/127), per-channel conv weights")
+    for name, t in qgraph.tensors.items():
+        if t.dtype == "int8" and t.quant is not None and t.quant.scheme == "int8_sym" and not t.is_const:
+            plan.act[name] = float(t.quant.scale)
+    for op in qgraph.ops:
+        q = getattr(op.attrs, "quant", None)
+        if q is not None and q.mode == "int8":
+            _plan_int8_op(plan, qgraph, op, q)
+        for i, name in enumerate(op.inputs):
+            t = qgraph.tensors.get(name) if name else None
+            if t is None or not t.is_const or (op.name, i) in plan.consts or t.quant is None:
+                continue
+            if t.quant.scheme == "int8_sym":  # an activation-format constant (e.g. an eltwise operand)
+                scale = plan.dq_scales.pop((op.name, i), float(t.quant.scale))
+                plan.consts[(op.name, i)] = ConstQ(t.data, np.float32(scale))
+    return plan
+
+
+def plan_bm1880(graph: Graph, thresholds: ThresholdMap) -> QdqPlan:
+    """BM1880's numbers on the float graph: th/128 activations, per-layer shift weights, int16 bias."""
+    th = thresholds.thresholds
+    plan = QdqPlan("bm1880_int8", note="bm1880: int8 activations th/128, per-layer power-of-two weight shift")
+    for name in [*graph.inputs, *(o for op in graph.ops for o in op.outputs)]:
+        if name in th and graph.tensors[name].dtype == "float32":
+            plan.act[name] = float(np.float32(th[name]) / np.float32(128.0))
+    for op in graph.ops:
+        if op.kind not in ("conv2d", "gemm", "matmul") or op.inputs[0] not in th or op.outputs[0] not in th:
+            continue
+        weight = graph.const(op.inputs[1])
+        bias = graph.const(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
+        if weight is None or (op.kind == "gemm" and (op.attrs.alpha != 1.0 or op.attrs.beta != 1.0)):
+            continue
+        tx, ty = float(np.float32(th[op.inputs[0]])), float(np.float32(th[op.outputs[0]]))
+        layer = bm1880_quantize_layer(weight, bias, tx, ty)
+        pot = float(np.ldexp(1.0, layer.rshift))
+        plan.consts[(op.name, 1)] = ConstQ(layer.weight, np.float32(ty / (tx * pot)))
+        if layer.bias is not None:
+            plan.consts[(op.name, 2)] = ConstQ(layer.bias.astype(np.int32), np.float32(ty / (128.0 * pot)))
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing
+
+
+class _Writer:
+    def __init__(self, graph: Graph, plan: QdqPlan) -> None:
+        self.g, self.plan, self.b = graph, plan, OnnxBuilder(graph)
+        self.float_of: dict[str, str] = {}
+        self.q_of: dict[str, str] = {}
+        self.zero_i8 = self.b.const("zero_point_int8", np.int8(0))
+
+    def quantize(self, name: str, value: str, dq_name: str) -> None:
+        """`value` (float) -> Q -> `<name>_q` (int8) -> DQ -> `dq_name` (float)."""
+        scale = self.b.const(f"{name}_scale", np.float32(self.plan.act[name]))
+        q = self.b.node("QuantizeLinear", [value, scale, self.zero_i8], self.b.fresh(f"{name}_q"))
+        self.q_of[name] = q
+        self.float_of[name] = self.b.node("DequantizeLinear", [q, scale, self.zero_i8], dq_name)
+
+    def const_view(self, op: Op, i: int, name: str) -> str:
+        cq = self.plan.consts.get((op.name, i))
+        tensor = self.g.tensors[name]
+        if cq is None:
+            data = tensor.data
+            if np.issubdtype(data.dtype, np.floating):
+                data = data.astype(np.float32)
+            return self.b.const(name, data)
+        kind = np.int8 if cq.data.dtype == np.int8 else np.int32
+        stored = self.b.const(f"{name}_quantized", np.asarray(cq.data).astype(kind))
+        scale = self.b.const(f"{name}_scale", np.asarray(cq.scale, np.float32))
+        zero = self.b.const(f"{name}_zero_point", np.zeros(np.shape(cq.scale), kind))
+        attrs = {} if cq.axis is None else {"axis": cq.axis}
+        return self.b.node("DequantizeLinear", [stored, scale, zero], self.b.fresh(f"{name}_dq"), **attrs)
+
+    def view(self, op: Op, i: int, name: str) -> str:
+        if not name:
+            return ""
+        if self.g.tensors[name].is_const:
+            return self.const_view(op, i, name)
+        special = self.plan.dq_scales.get((op.name, i))
+        if special is None or name not in self.q_of:
+            return self.float_of[name]
+        scale = self.b.const(f"{name}_scale_{op.name}", np.float32(special))
+        return self.b.node("DequantizeLinear", [self.q_of[name], scale, self.zero_i8], self.b.fresh(f"{name}_dq"))
+
+    def lookup(self, op: Op, table: np.ndarray, out: str) -> None:
+        """The op's 256-entry table on the input codes (exactly npuc's int8 activation), as float values."""
+        codes = self.b.node("Cast", [self.q_of[op.inputs[0]]], to=TensorProto.INT32)
+        index = self.b.node("Add", [codes, self.b.const("lut_offset", np.int32(128))])
+        order = np.r_[128:256, 0:128]  # table is indexed by the byte: entries for codes -128..127
+        values = table[order].astype(np.float32) * np.float32(self.plan.act[out])
+        self.b.node("Gather", [self.b.const(f"{op.name}_lut", values), index], out, axis=0)
+
+    def emit(self, op: Op) -> None:
+        if len(op.outputs) != 1:
+            raise UnsupportedError(f"op '{op.name}' ({op.kind}) has {len(op.outputs)} outputs; QDQ export needs one")
+        out = op.outputs[0]
+        if op.name in self.plan.luts and op.inputs[0] in self.q_of and out in self.plan.act:
+            pre = self.b.fresh(f"{out}_float") if out in self.g.outputs else out
+            self.b.used.add(pre)
+            self.lookup(op, self.plan.luts[op.name], pre)
+            self.quantize(out, pre, out if out in self.g.outputs else self.b.fresh(f"{out}_dq"))
+            return
+        ins = [self.view(op, i, n) for i, n in enumerate(op.inputs)]
+        if out not in self.plan.act:
+            EMITTERS[op.kind](self.b, op, ins, out)
+            self.b.used.add(out)
+            self.float_of[out] = out
+            return
+        is_output = out in self.g.outputs
+        pre = self.b.fresh(f"{out}_float") if is_output else out
+        self.b.used.add(pre)
+        EMITTERS[op.kind](self.b, op, ins, pre)
+        self.quantize(out, pre, out if is_output else self.b.fresh(f"{out}_dq"))
+
+
+def _graph_input(w: _Writer, name: str, prologue: InputPrologue | None) -> onnx.ValueInfoProto:
+    g, b = w.g, w.b
+    shape = g.shape(name)
+    layout = g.input_layouts.get(name, "nchw")
+    if prologue is not None:
+        n, c, h, wd = shape
+        c_rt = prologue.affine.weight.shape[1]
+        raw = b.node("Cast", [name], b.fresh(f"{name}_pixels"), to=TensorProto.FLOAT)
+        weight = b.const(f"{name}_hz_weight", prologue.affine.weight.T.astype(np.float32))
+        mixed = b.node("MatMul", [raw, weight])
+        biased = b.node("Add", [mixed, b.const(f"{name}_hz_bias", prologue.affine.bias.astype(np.float32))])
+        value = b.node("Transpose", [biased], b.fresh(f"{name}_HzPreprocess"), perm=[0, 3, 1, 2])
+        info = helper.make_tensor_value_info(name, TensorProto.INT8, [n, h, wd, c_rt])
+    elif layout == "nhwc":
+        n, c, h, wd = shape
+        value = b.node("Transpose", [name], b.fresh(f"{name}_nchw"), perm=[0, 3, 1, 2])
+        info = helper.make_tensor_value_info(name, TensorProto.FLOAT, [n, h, wd, c])
+    else:
+        value = name
+        info = helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+    if name in w.plan.act:
+        w.quantize(name, value, b.fresh(f"{name}_dq"))
+    else:
+        w.float_of[name] = value
+    return info
+
+
+def write_qdq(
+    graph: Graph, plan: QdqPlan, name: str | None = None, prologues: Mapping[str, InputPrologue] | None = None
+) -> onnx.ModelProto:
+    """The QDQ ONNX model of `graph` (float or made by passes.quantize) with `plan`'s numbers."""
+    w = _Writer(graph, plan)
+    prologues = prologues or {}
+    inputs = [_graph_input(w, n, prologues.get(n)) for n in graph.inputs]
+    for op in graph.ops:
+        w.emit(op)
+    outputs = []
+    for out in graph.outputs:
+        if w.float_of.get(out) != out:  # an output that is also an input, or renamed: give it its name
+            w.b.node("Identity", [w.float_of[out]], out)
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, list(graph.shape(out))))
+    onnx_graph = helper.make_graph(
+        w.b.nodes, name or graph.name, inputs, outputs, initializer=list(w.b.initializers.values())
+    )
+    model = helper.make_model(
+        onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="npuc", ir_version=8
+    )
+    model.doc_string = plan.note
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise RuntimeError(f"npuc wrote an invalid QDQ model: {str(exc).splitlines()[0]}") from None
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per target
+
+
+def thresholds_for_model(graph: Graph, table: CalibrationTable, model_path: str | Path | None) -> ThresholdMap:
+    """`thresholds_for_graph` with the ONNX model's tpu-mlir row names (a BatchNormalization folded into its
+    conv keeps one tensor name in the IR and another in the table); warns about what stays unmatched."""
+    names = tensor_table_names(load_model(model_path)) if model_path is not None else None
+    return thresholds_for_graph(graph, table, warn=True, table_names=names)
+
+
+def _symmetric(graph: Graph, table: ThresholdMap, float_layers: tuple[str, ...]) -> tuple[Graph, QdqPlan]:
+    qgraph = quantize(graph, table, "cv18xx_int8", float_layers)
+    return qgraph, plan_from_quantized(qgraph)
+
+
+def _fp16_target(target: str) -> PlanMaker:
+    def make(graph: Graph, table: ThresholdMap, float_layers: tuple[str, ...]) -> tuple[Graph, QdqPlan]:
+        qgraph, plan = _symmetric(graph, table, float_layers)
+        plan.note = f"{target} runs fp16; this model shows npuc's symmetric int8 (cv18xx_int8 numerics) instead"
+        return qgraph, plan
+
+    return make
+
+
+PlanMaker = Callable[[Graph, ThresholdMap, tuple[str, ...]], tuple[Graph, QdqPlan]]
+TARGET_PLANS: Mapping[str, PlanMaker] = MappingProxyType(
+    {
+        "cv18xx": _symmetric,
+        "bpu": _symmetric,
+        "bm1880": lambda graph, table, fl: (graph, plan_bm1880(graph, table)),
+        "lyngor": _fp16_target("lyngor"),
+        "dmp": _fp16_target("dmp"),
+    }
+)
+
+
+def qdq_for_target(
+    graph: Graph,
+    target: str,
+    table: CalibrationTable,
+    float_layers: tuple[str, ...] = (),
+    prologues: Mapping[str, InputPrologue] | None = None,
+    model_path: str | Path | None = None,
+) -> onnx.ModelProto:
+    """The QDQ model of the float `graph` as `target` quantizes it with `table` (`model_path`: the ONNX file
+    the graph came from, to match table names of folded tensors)."""
+    if target not in TARGET_PLANS:
+        raise UserError(f"no QDQ export for target '{target}'; choose one of {', '.join(sorted(TARGET_PLANS))}")
+    thresholds = thresholds_for_model(graph, table, model_path)
+    qgraph, plan = TARGET_PLANS[target](graph, thresholds, tuple(float_layers))
+    return write_qdq(qgraph, plan, graph.name, prologues)
