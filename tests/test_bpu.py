@@ -367,3 +367,21 @@ def test_inspect_prints_the_contract(pplcnet_build, capsys):
 def test_properties_dataclass_is_the_json_record():
     p = TensorProperties("t", (1, 2), (1, 2), "NONE", "F32", aligned_byte_size=8, stride=(8, 4))
     assert contract_from_json(contract_to_json(Contract("n", "bernoulli2", "m.onnx", [p], [p])), "x").inputs == [p]
+
+
+def test_yaml_config_builds_for_cv18xx(pplcnet_build, capsys):
+    """The same hb_mapper config drives a cv18xx build: calibrated from cal_data_dir, int8, runs from bytes."""
+    from npuc.backends.cv18xx.container import read_cvimodel
+    from npuc.backends.cv18xx.sim import run_cvimodel
+
+    root, config = pplcnet_build
+    cli(["build", "--config", str(config), "--target", "cv18xx", "--chip", "cv181x"])
+    printed = capsys.readouterr().out
+    (path,) = [line.split()[1] for line in printed.splitlines() if line.startswith("wrote ")]
+    model = read_cvimodel(path)
+    assert model.chip == "cv181x" and model.body.programs[0].routines[0].cpu_routine.function_section == "quant"
+    picture = _pictures()[0].transpose(2, 0, 1)[None]
+    feed = ((picture - np.reshape(im.IMAGENET_MEAN, (1, 3, 1, 1)) * 255) /
+            (np.reshape(im.IMAGENET_STD, (1, 3, 1, 1)) * 255)).astype(np.float32)  # fmt: skip
+    (probs,) = run_cvimodel(model, {"x": feed}).values()
+    assert probs.shape[:2] == (1, 4) and np.isclose(probs.sum(), 1.0, atol=1e-5)
