@@ -25,6 +25,9 @@ demo: $(STAMP)
 	$(BIN)/npuc build $(OUT)/models/tinycnn.onnx --target dmp -o $(OUT)/tinycnn_dmp
 	$(BIN)/npuc run $(OUT)/tinycnn_dmp --random-input -o $(OUT)/tinycnn_dmp.npz
 	$(BIN)/npuc inspect $(OUT)/tinycnn_dmp
+	$(BIN)/npuc build $(OUT)/models/tinycnn.onnx --target cv18xx --chip cv181x --quant bf16 -o $(OUT)/tinycnn.cvimodel
+	$(BIN)/npuc run $(OUT)/tinycnn.cvimodel --random-input -o $(OUT)/tinycnn_cv18xx.npz
+	$(BIN)/npuc inspect $(OUT)/tinycnn.cvimodel
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q
