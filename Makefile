@@ -35,6 +35,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/frontend.py
 	$(BIN)/python bench/calibrate.py
+	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/cv18xx.py
 
 lint: $(STAMP)

@@ -20,7 +20,8 @@ byte-identical to a single run's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -37,7 +38,6 @@ from npuc.passes.preprocess import InputSpec, Preprocess, list_samples, load_sam
 PASS_THROUGH_OPS = frozenset({"Identity", "Dropout"})
 # BatchNormalization tpu-mlir folds into its producer, keeping the producer's tensor name and type
 BN_FOLD_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm"})
-FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE})
 BATCH_CHECK_RTOL = 1e-3
 # method -> parameters taken from CalibrationOptions (registry, not an if-chain)
 METHOD_PARAMS: Mapping[str, Callable[[CalibrationOptions], dict[str, float]]] = MappingProxyType(
@@ -74,7 +74,6 @@ class CalibrationPlan:
     model: onnx.ModelProto
     inputs: list[InputSpec]
     observed: dict[str, str]
-    elem_types: dict[str, int]  # ONNX element type of each observed tensor
     skipped: list[str]  # IR activations with no ONNX tensor of their own (created by a converter)
 
 
@@ -150,7 +149,8 @@ def plan_calibration(model_path: str | Path, input_shapes: InputShapes | None = 
     pin_input_shapes(model, input_shapes or {})
     graph = import_model(model)
     canonicalize(graph)
-    known = _float_tensor_types(model)
+    # the IR's dtypes come from the frontend's shape inference: no second inference of the ONNX model
+    onnx_tensors = {vi.name for vi in model.graph.input} | {o for n in model.graph.node for o in n.output if o}
     table_names = tensor_table_names(model)
     ir_tensors = list(graph.inputs) + [o for op in graph.ops for o in op.outputs]
     observed: dict[str, str] = {}
@@ -159,27 +159,14 @@ def plan_calibration(model_path: str | Path, input_shapes: InputShapes | None = 
         tensor = graph.tensors[name]
         if tensor.is_const or not np.issubdtype(np.dtype(tensor.dtype), np.floating):
             continue
-        if name not in known:
+        if name not in onnx_tensors:
             skipped.append(name)
             continue
         observed[name] = table_names[name]
     clashes = len(set(observed.values())) != len(observed)
     if clashes:  # two tensors would share a row: fall back to plain ONNX names, which are unique
         observed = {name: name for name in observed}
-    elem_types = {name: known[name].tensor_type.elem_type for name in observed}
-    return CalibrationPlan(model, model_inputs(model), observed, elem_types, skipped)
-
-
-def _float_tensor_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception as exc:  # onnx raises several types for inconsistent models
-        raise UserError(f"shape inference failed: {str(exc).splitlines()[0][:160]}; check --input-shape") from None
-    types = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in FLOAT_TYPES:
-            types[vi.name] = vi.type
-    return types
+    return CalibrationPlan(model, model_inputs(model), observed, skipped)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -198,13 +185,15 @@ class TensorTap:
         self.fetch = [n for n in plan.observed if n not in inputs]
         existing = {o.name for o in model.graph.output}
         for name in self.fetch:
-            if name not in existing:  # element type only: onnxruntime derives the shape (also under --batch)
-                model.graph.output.append(onnx.helper.make_tensor_value_info(name, plan.elem_types[name], None))
-        self.batch = batch
+            if name not in existing:  # no type or shape: onnxruntime infers both (also under --batch)
+                model.graph.output.append(onnx.ValueInfoProto(name=name))
+        self.plan, self.batch = plan, batch
         if batch > 1:
             _set_batch(model, batch)
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # no busy-waiting between ops: the statistics thread needs a core while onnxruntime runs the next batch
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             data = model.SerializeToString()
             self.session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
@@ -240,13 +229,6 @@ def _set_batch(model: onnx.ModelProto, batch: int) -> None:
     for vi in model.graph.output:
         if vi.type.HasField("tensor_type"):
             vi.type.tensor_type.ClearField("shape")
-
-
-def _batches(
-    files: Sequence[Path], plan: CalibrationPlan, pre: Preprocess, batch: int
-) -> Iterator[list[dict[str, np.ndarray]]]:
-    for start in range(0, len(files), batch):
-        yield [load_sample(path, plan.inputs, pre) for path in files[start : start + batch]]
 
 
 def _stack(samples: list[dict[str, np.ndarray]], batch: int) -> dict[str, np.ndarray]:
@@ -286,28 +268,41 @@ def _check_batching(tap: TensorTap, single: TensorTap, first: dict[str, np.ndarr
 
 
 def _sweep(
-    plan: CalibrationPlan,
+    tap: TensorTap,
     files: Sequence[Path],
     pre: Preprocess,
-    batch: int,
     observe: Callable[[str, np.ndarray], None],
     advance: Callable[[int], None],
 ) -> None:
-    """Run every sample through the model once, handing each observed tensor to `observe`."""
-    tap = TensorTap(plan, batch)
+    """Run every sample through the model once, handing each observed tensor to `observe` in sample order.
+
+    A worker thread loads and runs batch k+1 (onnxruntime releases the GIL) while this thread folds batch k
+    into the statistics; at most two batches of tensors are alive, whatever the sample count.
+    """
+    plan, batch = tap.plan, tap.batch
+    chunks = [files[i : i + batch] for i in range(0, len(files), batch)]
+
+    def load_and_run(chunk: Sequence[Path]) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        samples = [load_sample(path, plan.inputs, pre) for path in chunk]
+        return samples, tap.run(_stack(samples, batch))
+
     checked = batch == 1
-    for samples in _batches(files, plan, pre, batch):
-        for s in samples:  # graph inputs are observed per sample from the feed itself
-            for spec in plan.inputs:
-                if spec.name in plan.observed:
-                    observe(spec.name, s[spec.name])
-        values = tap.run(_stack(samples, batch))
-        if not checked:
-            _check_batching(tap, TensorTap(plan, 1), samples[0], values)
-            checked = True
-        for name in tap.fetch:
-            observe(name, _per_sample(values[name], len(samples), batch, name))
-        advance(len(samples))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(load_and_run, chunks[0]) if chunks else None
+        for k in range(len(chunks)):
+            samples, values = pending.result()
+            pending = pool.submit(load_and_run, chunks[k + 1]) if k + 1 < len(chunks) else None
+            if not checked:
+                _check_batching(tap, TensorTap(plan, 1), samples[0], values)
+                checked = True
+            for s in samples:  # graph inputs are observed per sample from the feed itself
+                for spec in plan.inputs:
+                    if spec.name in plan.observed:
+                        observe(spec.name, s[spec.name])
+            for name in tap.fetch:
+                observe(name, _per_sample(values[name], len(samples), batch, name))
+            advance(len(samples))
+            del samples, values
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -315,13 +310,18 @@ def _sweep(
 
 
 def collect_ranges(
-    plan: CalibrationPlan, files: Sequence[Path], pre: Preprocess, options: CalibrationOptions, progress: Progress
+    plan: CalibrationPlan,
+    files: Sequence[Path],
+    pre: Preprocess,
+    options: CalibrationOptions,
+    progress: Progress,
+    tap: TensorTap | None = None,
 ) -> CalibrationStats:
     """Pass 1: running min / max of every observed tensor (keyed by table name)."""
     stats = CalibrationStats(bins=options.bins)
     names = plan.observed
     observe = lambda n, x: stats.observe_range(names[n], x)  # noqa: E731
-    _sweep(plan, files, pre, options.batch, observe, progress("ranges", len(files)))
+    _sweep(tap or TensorTap(plan, options.batch), files, pre, observe, progress("ranges", len(files)))
     return stats
 
 
@@ -332,13 +332,14 @@ def collect_histograms(
     options: CalibrationOptions,
     ranges: CalibrationStats,
     progress: Progress,
+    tap: TensorTap | None = None,
 ) -> CalibrationStats:
     """Pass 2: |x| histograms binned over the frozen ranges of pass 1."""
     _check_same_tensors(ranges, plan)
     stats = ranges.freeze()
     names = plan.observed
     observe = lambda n, x: stats.observe_histogram(names[n], x)  # noqa: E731
-    _sweep(plan, files, pre, options.batch, observe, progress("histograms", len(files)))
+    _sweep(tap or TensorTap(plan, options.batch), files, pre, observe, progress("histograms", len(files)))
     return stats
 
 
@@ -385,12 +386,13 @@ def calibrate(
     start = time.perf_counter()
     plan = plan_calibration(model_path, input_shapes)
     files = list_samples(data, limit)
+    tap = TensorTap(plan, options.batch)  # one session for both passes
     if ranges is None:
-        ranges = collect_ranges(plan, files, pre, options, progress)
+        ranges = collect_ranges(plan, files, pre, options, progress, tap)
     if range_only or (options.method == "max" and not keep_histograms):
         stats = ranges
     else:
-        stats = collect_histograms(plan, files, pre, options, ranges, progress)
+        stats = collect_histograms(plan, files, pre, options, ranges, progress, tap)
     table = None if range_only else stats_to_table(stats, options)
     return CalibrationResult(stats, table, len(files), time.perf_counter() - start, plan.skipped)
 

@@ -72,13 +72,16 @@ class CalibrationStats:
 
     def observe_range(self, name: str, x: np.ndarray) -> None:
         """Pass 1: fold one sample of tensor `name` into its min / max / counts."""
-        a = _as_float32(x, name)
+        a = np.asarray(x, dtype=np.float32).reshape(-1)
         st = self.tensors.setdefault(name, TensorStats())
         if st.hist is not None:
             raise UserError(f"tensor {name!r}: range pass after freeze(); run pass 1 on all samples first")
         if a.size:
-            st.min = float(np.float32(min(st.min, float(a.min()))))
-            st.max = float(np.float32(max(st.max, float(a.max()))))
+            lo, hi = float(a.min()), float(a.max())  # NaN propagates into both, +-Inf shows in one
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                raise _not_finite(name)
+            st.min = float(np.float32(min(st.min, lo)))
+            st.max = float(np.float32(max(st.max, hi)))
         st.numel += int(a.size)
         st.samples += 1
 
@@ -95,7 +98,7 @@ class CalibrationStats:
         st = self.tensors.get(name)
         if st is None or st.hist is None:
             raise UserError(f"tensor {name!r} has no frozen range; run the range pass and freeze() first")
-        counts, zeros = histogram_abs(_as_float32(x, name), st.hist_range, len(st.hist), name)
+        counts, zeros = histogram_abs(x, st.hist_range, len(st.hist), name)
         st.hist += counts
         st.zeros += zeros
 
@@ -117,11 +120,8 @@ def _copy_tensor(st: TensorStats) -> TensorStats:
     return replace(st, hist=None if st.hist is None else st.hist.copy())
 
 
-def _as_float32(x: np.ndarray, name: str) -> np.ndarray:
-    a = np.asarray(x, dtype=np.float32).ravel()
-    if a.size and not np.all(np.isfinite(a)):
-        raise UserError(f"tensor {name!r} has NaN or Inf values; check the model and the calibration samples")
-    return a
+def _not_finite(name: str) -> UserError:
+    return UserError(f"tensor {name!r} has NaN or Inf values; check the model and the calibration samples")
 
 
 def _merge_tensor(name: str, a: TensorStats, b: TensorStats) -> TensorStats:
@@ -143,23 +143,32 @@ def _merge_tensor(name: str, a: TensorStats, b: TensorStats) -> TensorStats:
 
 
 def histogram_abs(x: np.ndarray, absmax: float, bins: int, name: str = "tensor") -> tuple[np.ndarray, int]:
-    """tpu-mlir's |x| histogram with a fixed range: (counts int64 [bins], number of exact zeros)."""
-    t = np.abs(np.asarray(x, dtype=np.float32).ravel())
-    nonzero = t[t != 0]
-    zeros = int(t.size - nonzero.size)
-    counts = np.zeros(bins, dtype=np.int64)
-    if nonzero.size == 0:
-        return counts, zeros
+    """tpu-mlir's |x| histogram with a fixed range: (counts int64 [bins], number of exact zeros).
+
+    Bit-identical to binning the non-zero |x| as `floor(|x| / width + 0.5)` in float32, with fewer passes:
+    every element is binned in place (a zero lands in bin 0 and is taken out again by count), and the
+    truncating integer cast is the floor because the values are non-negative.
+    """
+    a = np.asarray(x, dtype=np.float32).reshape(-1)
+    zeros = int(a.size - np.count_nonzero(a))
+    if zeros == a.size:
+        return np.zeros(bins, dtype=np.int64), zeros
     width = np.float32(absmax) / np.float32(bins - 1)
-    if width <= 0:
+    if not width > 0:
         raise UserError(f"tensor {name!r}: non-zero values but a zero frozen range; rerun the range pass")
-    index = np.floor(nonzero / width + np.float32(0.5)).astype(np.int64)
-    if index.max() >= bins:
+    t = np.abs(a)
+    np.divide(t, width, out=t)
+    t += np.float32(0.5)
+    top = float(t.max())
+    if not np.isfinite(top):
+        raise _not_finite(name)
+    if top >= bins:
         raise UserError(
-            f"tensor {name!r}: value {float(nonzero.max())} exceeds the range pass absmax {absmax}; "
+            f"tensor {name!r}: value {float(np.abs(a).max())} exceeds the range pass absmax {absmax}; "
             "run both passes on the same samples"
         )
-    counts += np.bincount(index, minlength=bins)
+    counts = np.bincount(t.astype(np.intp), minlength=bins)
+    counts[0] -= zeros
     return counts, zeros
 
 

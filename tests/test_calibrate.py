@@ -256,3 +256,50 @@ def test_pictures_without_pillow_ask_for_it(tmp_path: Path) -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     _one_line_error(run, "cat.png", "pip install pillow")
+
+
+def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_path: Path) -> None:
+    # Paddle-exported models (PP-LCNet) name nodes "Conv.0" and tensors "p2o...": tpu-mlir's row for a
+    # conv with BN folded in is `<conv output>_Conv`, while the IR keeps the BN output's name.
+    from npuc.compiler.commands.compare import Comparison
+    from npuc.passes.quantize import thresholds_for_graph
+
+    rng = np.random.default_rng(7)
+    h = onnx.helper
+    init = [
+        onnx.numpy_helper.from_array(rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "w"),
+        *(onnx.numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+            ("scale", rng.uniform(0.5, 2, 4)), ("bias", rng.normal(size=4)),
+            ("mean", rng.normal(size=4)), ("var", rng.uniform(0.5, 2, 4)),
+        )),
+    ]  # fmt: skip
+    nodes = [
+        h.make_node("Conv", ["input", "w"], ["conv0"], name="Conv.0", pads=[1, 1, 1, 1]),
+        h.make_node("BatchNormalization", ["conv0", "scale", "bias", "mean", "var"], ["bn0"], name="BN.0"),
+        h.make_node("HardSwish", ["bn0"], ["hs0"], name="HardSwish.0"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "paddle_like",
+        [h.make_tensor_value_info("input", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [h.make_tensor_value_info("hs0", onnx.TensorProto.FLOAT, [1, 4, 8, 8])],
+        init,
+    )
+    path = tmp_path / "paddle_like.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 14)], ir_version=8), str(path))
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        np.savez(data / f"{i}.npz", input=rng.normal(size=(1, 3, 8, 8)).astype(np.float32))
+    table = calibrate(path, [data], options=CalibrationOptions(method="max")).table
+    assert list(table.entries) == ["input", "conv0_Conv", "hs0_HardSwish"]
+    comparison = Comparison(path, table, data, "cv18xx_int8")
+    assert [op.outputs for op in comparison.graph.ops] == [["bn0"], ["hs0"]]
+    assert thresholds_for_graph(comparison.graph, table, warn=False).unknown == ["conv0_Conv"]  # names alone
+    placed = comparison.thresholds
+    assert placed.unknown == [] and placed.missing == []
+    assert placed.thresholds == {
+        "input": table.entries["input"].threshold,
+        "bn0": table.entries["conv0_Conv"].threshold,
+        "hs0": table.entries["hs0_HardSwish"].threshold,
+    }

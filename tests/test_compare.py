@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from npuc.compiler.cli import main
-from npuc.compiler.commands.compare import compare_model
+from npuc.compiler.commands.compare import Comparison, auto_mixed, compare_model
+from npuc.passes.calitable import format_table, read_table
 
 GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"
 TABLE = GOLDEN / "smallcnn_cali_table.txt"
+# every activation of the canonicalized IR; `output` is the fc layer (its dequantized result vs float)
+LAYERS = ["relu_8", "maxpool_9", "relu_17", "bn_24", "relu_26", "relu_34", "relu_38", "gap_39", "flatten_40", "output"]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +36,7 @@ def test_compare_report_on_smallcnn(samples):
     assert out.name == "output" and out.cosine >= 0.999 and out.top1_agreement == 1.0
     assert out.sqnr_db > 30 and 0 < out.max_abs_error < 0.05
     names = [a.name for a in report.layers]
-    assert sorted(names) == sorted(
-        ["relu_8", "maxpool_9", "relu_17", "bn_24", "relu_26", "relu_34", "relu_38", "gap_39", "flatten_40"]
-    )
+    assert sorted(names) == sorted(LAYERS)
     cosines = [a.cosine for a in report.layers]
     assert cosines == sorted(cosines) and min(cosines) > 0.99
     # the max pool passes codes through: its error is the relu_8 error sub-sampled
@@ -56,7 +58,8 @@ def test_cli_json(samples, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["samples"] == 4
     assert payload["outputs"][0]["top1_agreement"] == 1.0
-    assert len(payload["layers"]) == 9 and set(payload["layers"][0]) == {
+    assert payload["float_layers"] == [] and "auto_mixed" not in payload
+    assert len(payload["layers"]) == 10 and set(payload["layers"][0]) == {
         "name", "cosine", "sqnr_db", "max_abs_error", "top1_agreement"
     }  # fmt: skip
 
@@ -72,3 +75,109 @@ def test_cli_bad_inputs_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(MODEL), "--target", "bm1880", "--calib", str(TABLE), "--data", str(tmp_path)])
     assert exc.value.code == 2 and "not supported" in capsys.readouterr().err
+
+
+def cli(*args: str) -> int:
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def shrunk_table(tmp_path: Path, row: str, factor: float = 0.05) -> Path:
+    """The vendor table with one row's threshold cut to `factor` of itself: int8 made bad for one tensor."""
+    table = read_table(TABLE)
+    entry = table.entries[row]
+    bad = dataclasses.replace(
+        table, entries={**table.entries, row: dataclasses.replace(entry, threshold=entry.threshold * factor)}
+    )
+    path = tmp_path / f"{row}.txt"
+    path.write_text(format_table(bad))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "chosen"),
+    [
+        # the fc output clipped at 5% of its range: keeping the fc in bf16 alone fixes it
+        ("output_Gemm", ["output"]),
+        # relu_26 (the residual add) clipped: both its producer and its consumer conv_28 (which would
+        # re-quantize relu_26 with the same threshold) must leave int8: one greedy step takes the pair
+        ("relu_26_Relu", ["relu_26", "relu_34"]),
+    ],
+)
+def test_auto_mixed_finds_the_badly_calibrated_layer(samples, tmp_path, row, chosen):
+    comparison = Comparison(MODEL, read_table(shrunk_table(tmp_path, row)), samples, "cv18xx_int8")
+    result = auto_mixed(comparison, 0.999)
+    assert result.reached and result.float_layers == chosen
+    assert result.int8_cosine < 0.99 and result.report.output_cosine >= 0.999
+    assert result.report.float_layers == chosen and result.all_float_cosine > 0.99999
+    assert all(n not in result.report.int8_layers for n in chosen)
+    # all-int8, all-float, one greedy step, then one re-check per layer when there are several
+    assert result.evaluations == 3 + (len(chosen) if len(chosen) > 1 else 0)
+
+
+def test_auto_mixed_bounded_by_max_float_layers(samples, tmp_path, capsys):
+    table = shrunk_table(tmp_path, "relu_26_Relu")  # needs two float layers (see above)
+    result = auto_mixed(Comparison(MODEL, read_table(table), samples, "cv18xx_int8"), 0.999, max_layers=1)
+    assert not result.reached and len(result.float_layers) <= 1 and result.report.output_cosine < 0.999
+    assert result.reason.startswith("not reached within --max-float-layers 1")
+    assert result.evaluations <= 2 + 3  # all-int8, all-float, at most 3x the bound of trials
+    args = ["compare", str(MODEL), "--calib", str(table), "--data", str(samples), "--auto-mixed", "0.999"]
+    assert cli(*args, "--max-float-layers", "1") == 2
+    assert "not reached within --max-float-layers 1" in capsys.readouterr().err
+
+
+def test_auto_mixed_cli_json_and_text(samples, tmp_path, capsys):
+    table = shrunk_table(tmp_path, "output_Gemm")
+    args = ["compare", str(MODEL), "--calib", str(table), "--data", str(samples), "--auto-mixed", "0.999"]
+    assert cli(*args, "--json") == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["float_layers"] == ["output"] and payload["auto_mixed"]["float_layers"] == ["output"]
+    assert payload["auto_mixed"]["reached"] is True and payload["outputs"][0]["cosine"] >= 0.999
+    assert payload["auto_mixed"]["int8_cosine"] < 0.9
+    assert cli(*args) == 0
+    text = capsys.readouterr().out
+    assert "float layers: output" in text.splitlines()[1]
+    assert "auto-mixed 0.999: reached" in text and text.rstrip().endswith("float layers: output")
+
+
+def test_auto_mixed_already_reached_and_unreachable(samples, capsys):
+    comparison = Comparison(MODEL, read_table(TABLE), samples, "cv18xx_int8")
+    easy = auto_mixed(comparison, 0.99)
+    assert easy.reached and easy.float_layers == [] and easy.evaluations == 1
+    # bf16 everywhere stays ~4e-6 short of 1: a target above it cannot be met by any choice of layers
+    hard = auto_mixed(comparison, 0.9999999)
+    assert not hard.reached and hard.float_layers == [] and 0.99999 < hard.all_float_cosine < 0.9999999
+    assert "even all 10 int8 layers in float" in hard.reason
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(MODEL), "--calib", str(TABLE), "--data", str(samples), "--auto-mixed", "0.9999999"])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and "auto-mixed 0.9999999: NOT reached" in captured.out
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("npuc: error: --auto-mixed 0.9999999: unreachable: even all 10 int8 layers")
+
+
+def test_calib_data_instead_of_a_table(samples):
+    report = compare_model(MODEL, None, samples, calib_data=[GOLDEN / "smallcnn_cali_samples"])
+    (out,) = report.outputs
+    assert out.cosine >= 0.999 and out.top1_agreement == 1.0 and len(report.layers) == 10
+    with pytest.raises(Exception, match="exactly one of --calib TABLE or --calib-data DIR"):
+        compare_model(MODEL, TABLE, samples, calib_data=[GOLDEN / "smallcnn_cali_samples"])
+
+
+def test_table_problems_are_one_line(samples, tmp_path, capsys):
+    unknown = tmp_path / "unknown.txt"
+    unknown.write_text(TABLE.read_text() + "bogus_tensor 1.0 -1.0 1.0\n")
+    assert cli("compare", str(MODEL), "--calib", str(unknown), "--data", str(samples), "--json") == 0
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()  # warned once, listed, and the rows present are used
+    assert line.startswith("npuc: warning: calibration table: 1 unknown name(s) ['bogus_tensor']")
+    assert json.loads(captured.out)["outputs"][0]["cosine"] >= 0.999
+    foreign = GOLDEN.parent / "bm1880" / "bmnet_lenet_calibration.pb2"  # BMNet's binary protobuf
+    assert cli("compare", str(MODEL), "--calib", str(foreign), "--data", str(samples)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("npuc: error: ") and "pass a tpu-mlir calibration table" in line
+    assert cli("compare", str(MODEL), "--data", str(samples)) == 2
+    assert "exactly one of --calib TABLE or --calib-data DIR" in capsys.readouterr().err

@@ -1,15 +1,24 @@
-"""`npuc compare MODEL --target cv18xx --calib TABLE --data DIR [--json]`: quantized reference vs float.
+"""`npuc compare MODEL --target cv18xx (--calib TABLE | --calib-data DIR) --data DIR [--auto-mixed COS] [--json]`.
 
 For every sample in DIR (.npz keyed by input name, or .npy for a one-input model) the model runs on
 onnxruntime (float) and on the quantized reference interpreter. Per output: cosine, SQNR, max abs error and
-top-1 agreement; per layer (every quantized tensor the float IR also has): cosine, SQNR and max error, worst
-first. Statistics are pooled over all samples.
+top-1 agreement; per layer (every quantized tensor the float IR also has, and the graph outputs): cosine,
+SQNR and max error, worst first. Statistics are pooled over all samples.
+
+`--auto-mixed COS` searches the fewest layers to keep in the scheme's float fallback (bf16 on cv18xx) so that
+the worst output cosine reaches COS. Greedy and bounded. Each step takes the int8 layer that loses the most
+cosine against its own inputs (the layer that introduces the error, not the ones that inherit it) and tries it
+in float together with its consumers (which would re-quantize that tensor with the same threshold); the step
+is kept when the output cosine improves. It stops at COS, at `--max-float-layers`, or after 3x that many
+trials; a final pass drops every chosen layer the target does not need. Before searching, all int8 layers in
+float tells whether COS is reachable at all.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -22,13 +31,16 @@ from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.formats import convert
-from npuc.frontends.onnx import import_onnx
-from npuc.passes.calitable import read_table
+from npuc.frontends.onnx import import_model, load_model
+from npuc.passes.calibrate import calibrate, tensor_table_names
+from npuc.passes.calitable import CalibrationTable, read_table
 from npuc.passes.canonicalize import canonicalize
-from npuc.passes.quantize import quantize
+from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
 
 # target -> quantize name -> scheme
 TARGET_SCHEMES = {"cv18xx": {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}}
+DEFAULT_MAX_FLOAT_LAYERS = 8  # tpu-mlir's search_qtable default is 5
+REFERENCE_CACHE_BYTES = 1 << 30  # float per-layer references kept between auto-mixed rounds, beyond: recompute
 
 
 @dataclass
@@ -70,6 +82,39 @@ class CompareReport:
     samples: int
     outputs: list[Agreement]
     layers: list[Agreement]  # worst cosine first
+    float_layers: list[str] = field(default_factory=list)
+    int8_layers: list[str] = field(default_factory=list)  # layers still in int8, worst first
+
+    @property
+    def output_cosine(self) -> float:
+        """The worst output's cosine: what --auto-mixed targets."""
+        return min(a.cosine for a in self.outputs)
+
+
+@dataclass
+class MixedResult:
+    """What --auto-mixed found: the layers kept in float and the report with them."""
+
+    target: float
+    reached: bool
+    float_layers: list[str]
+    int8_cosine: float  # all layers quantized
+    all_float_cosine: float | None  # every int8 layer in the fallback (None: not needed)
+    report: CompareReport
+    evaluations: int
+    reason: str
+
+    def public(self) -> dict[str, object]:
+        return {
+            "target_cosine": self.target,
+            "reached": self.reached,
+            "float_layers": self.float_layers,
+            "output_cosine": self.report.output_cosine,
+            "int8_cosine": self.int8_cosine,
+            "all_float_cosine": self.all_float_cosine,
+            "evaluations": self.evaluations,
+            "reason": self.reason,
+        }
 
 
 def load_samples(folder: Path, inputs: list[str]) -> list[dict[str, np.ndarray]]:
@@ -92,12 +137,9 @@ def load_samples(folder: Path, inputs: list[str]) -> list[dict[str, np.ndarray]]
     return feeds
 
 
-def _float_outputs(model: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feed)))
+def _scheme_of(qgraph: Graph, name: str) -> str | None:
+    fmt = qgraph.tensors[name].quant if name in qgraph.tensors else None
+    return None if fmt is None else fmt.scheme
 
 
 def _as_float(qgraph: Graph, name: str, value: np.ndarray) -> np.ndarray:
@@ -107,67 +149,254 @@ def _as_float(qgraph: Graph, name: str, value: np.ndarray) -> np.ndarray:
     return convert(value, fmt, None)
 
 
+class Comparison:
+    """A model, its thresholds and samples, with the float references computed once; `evaluate` quantizes
+    with a given set of float layers and measures it."""
+
+    def __init__(
+        self,
+        model: Path,
+        table: CalibrationTable | ThresholdMap,
+        data: Path | Sequence[dict[str, np.ndarray]],
+        scheme: str,
+    ) -> None:
+        import onnxruntime as ort
+
+        source = load_model(model)
+        self.graph = import_model(source)
+        canonicalize(self.graph)
+        if isinstance(table, ThresholdMap):
+            self.thresholds = table
+        else:  # the source model's table names place rows of BN-folded convs (`<conv out>_Conv`)
+            self.thresholds = thresholds_for_graph(self.graph, table, table_names=tensor_table_names(source))
+        self.scheme = scheme
+        self.feeds = load_samples(data, self.graph.inputs) if isinstance(data, Path) else list(data)
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        self.ref_outputs = [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
+        self._ref_layers: dict[int, dict[str, np.ndarray]] = {}
+        self._cached_bytes = 0
+        self.producers = {out: op for op in self.graph.ops for out in op.outputs}
+
+    def ref_layers(self, i: int) -> dict[str, np.ndarray]:
+        """Every float IR tensor of sample i (kept while the cache budget lasts)."""
+        if i in self._ref_layers:
+            return self._ref_layers[i]
+        values = run(self.graph, self.feeds[i], keep_all=True)
+        size = sum(v.nbytes for v in values.values())
+        if self._cached_bytes + size <= REFERENCE_CACHE_BYTES:
+            self._ref_layers[i] = values
+            self._cached_bytes += size
+        return values
+
+    def float_names(self, layers: Iterable[str]) -> list[str]:
+        """Layer tensors plus the names of the ops producing them: the quantizer may split an op from its
+        activation, and both halves belong to the layer."""
+        out = []
+        for name in layers:
+            out.append(name)
+            if name in self.producers:
+                out.append(self.producers[name].name)
+        return out
+
+    def evaluate(self, float_layers: Iterable[str] = ()) -> CompareReport:
+        chosen = list(dict.fromkeys(float_layers))
+        qgraph = quantize(self.graph, self.thresholds, self.scheme, self.float_names(chosen))
+        outputs = {name: Agreement(name) for name in self.graph.outputs}
+        layers: dict[str, Agreement] = {}
+        for i, feed in enumerate(self.feeds):
+            ref_all = self.ref_layers(i)
+            q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
+            for name, agreement in outputs.items():
+                agreement.add(self.ref_outputs[i][name], q_all[name], top1=True)
+            for name, value in q_all.items():
+                if name not in ref_all or name in self.graph.inputs:
+                    continue
+                if qgraph.tensors[name].quant is not None or name in self.graph.outputs:
+                    layers.setdefault(name, Agreement(name)).add(ref_all[name], _as_float(qgraph, name, value))
+        ranked = sorted(layers.values(), key=lambda a: (a.cosine, a.name))
+        # graph outputs are dequantized by a cast: their layer's format is that of the cast's input
+        inner = {op.outputs[0]: op.inputs[0] for op in qgraph.ops if op.outputs[0] in self.graph.outputs}
+        int8 = [a.name for a in ranked if _scheme_of(qgraph, inner.get(a.name, a.name)) == "int8_sym"]
+        return CompareReport(len(self.feeds), list(outputs.values()), ranked, chosen, int8)
+
+    def unit(self, layer: str) -> list[str]:
+        """The layers that leave int8 together to keep tensor `layer` out of int8: its producer and every
+        consumer (each consumer would re-quantize it with the same threshold)."""
+        consumers = [op.outputs[0] for op in self.graph.ops if layer in op.inputs and op.outputs]
+        return list(dict.fromkeys([layer, *consumers]))
+
+    def local_loss(self, report: CompareReport) -> dict[str, float]:
+        """Per layer: the worst cosine among its activation inputs minus its own (the error it adds)."""
+        cos = {a.name: a.cosine for a in report.layers}
+        loss = {}
+        for name, own in cos.items():
+            op = self.producers.get(name)
+            inputs = [n for n in (op.inputs if op else []) if n and not self.graph.tensors[n].is_const]
+            loss[name] = min((cos.get(n, 1.0) for n in inputs), default=1.0) - own
+        return loss
+
+
+def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS) -> MixedResult:
+    """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring."""
+    if not 0.0 < target <= 1.0:
+        raise UserError(f"--auto-mixed {target}: a cosine target must be in (0, 1], e.g. 0.99")
+    if max_layers < 1:
+        raise UserError(f"--max-float-layers {max_layers} must be at least 1")
+    base = comparison.evaluate()
+    evaluations = 1
+    if base.output_cosine >= target:
+        return MixedResult(target, True, [], base.output_cosine, None, base, evaluations, "int8 already reaches it")
+    candidates = base.int8_layers
+    every = comparison.evaluate(candidates)
+    evaluations += 1
+    if every.output_cosine < target:
+        reason = (
+            f"unreachable: even all {len(candidates)} int8 layers in float give output cosine "
+            f"{every.output_cosine:.6f} < {target}"
+        )
+        return MixedResult(target, False, [], base.output_cosine, every.output_cosine, base, evaluations, reason)
+    chosen: list[str] = []
+    report, tried = base, set()
+    budget = 3 * max_layers  # evaluations the greedy phase may spend
+    while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
+        loss = comparison.local_loss(report)
+        left = [n for n in report.int8_layers if n not in chosen and n not in tried]
+        if not left:
+            break
+        pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
+        tried.add(pick)
+        unit = [n for n in comparison.unit(pick) if n not in chosen]
+        if len(chosen) + len(unit) > max_layers:
+            continue
+        trial = comparison.evaluate(chosen + unit)
+        evaluations, budget = evaluations + 1, budget - 1
+        if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
+            chosen += unit
+            report = trial
+    if report.output_cosine < target:
+        reason = (
+            f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
+            f"{report.output_cosine:.6f} < {target} (all int8 layers in float give {every.output_cosine:.6f})"
+        )
+        return MixedResult(target, False, chosen, base.output_cosine, every.output_cosine, report, evaluations, reason)
+    for name in list(chosen) if len(chosen) > 1 else []:  # re-check: drop what the others made unnecessary
+        trial = comparison.evaluate([n for n in chosen if n != name])
+        evaluations += 1
+        if trial.output_cosine >= target:
+            chosen.remove(name)
+            report = trial
+    reason = f"{len(chosen)} float layer(s) reach {report.output_cosine:.6f} >= {target}"
+    return MixedResult(target, True, chosen, base.output_cosine, every.output_cosine, report, evaluations, reason)
+
+
+def _scheme(target: str, quant: str) -> str:
+    schemes = TARGET_SCHEMES.get(target)
+    if schemes is None or quant not in schemes:
+        raise UserError(f"--target {target} --quant {quant}: not supported; use --target cv18xx --quant int8|bf16")
+    return schemes[quant]
+
+
+def load_comparison(
+    model: Path,
+    table: Path | CalibrationTable | None,
+    data: Path,
+    target: str = "cv18xx",
+    quant: str = "int8",
+    calib_data: Sequence[str | Path] = (),
+) -> Comparison:
+    """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one."""
+    scheme = _scheme(target, quant)
+    if (table is None) == (not calib_data):
+        raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
+    if table is None:
+        table = calibrate(model, list(calib_data)).table
+    elif not isinstance(table, CalibrationTable):
+        table = read_table(table)
+    return Comparison(model, table, data, scheme)
+
+
 def compare_model(
     model: Path,
-    table: Path,
+    table: Path | CalibrationTable | None,
     data: Path,
     target: str = "cv18xx",
     quant: str = "int8",
     float_layers: Iterable[str] = (),
+    calib_data: Sequence[str | Path] = (),
 ) -> CompareReport:
-    """Quantize `model` with `table` and compare it with the float model on every sample in `data`."""
-    schemes = TARGET_SCHEMES.get(target)
-    if schemes is None or quant not in schemes:
-        raise UserError(f"--target {target} --quant {quant}: not supported; use --target cv18xx --quant int8|bf16")
-    graph = import_onnx(model)
-    canonicalize(graph)
-    qgraph = quantize(graph, read_table(table), schemes[quant], float_layers)
-    feeds = load_samples(data, graph.inputs)
-    outputs = {name: Agreement(name) for name in graph.outputs}
-    layers: dict[str, Agreement] = {}
-    for feed in feeds:
-        ref_out = _float_outputs(model, feed)
-        ref_all = run(graph, feed, keep_all=True)
-        q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
-        for name, agreement in outputs.items():
-            agreement.add(ref_out[name], q_all[name], top1=True)
-        for name, value in q_all.items():
-            if name in ref_all and name not in graph.inputs and qgraph.tensors[name].quant is not None:
-                layers.setdefault(name, Agreement(name)).add(ref_all[name], _as_float(qgraph, name, value))
-    ranked = sorted(layers.values(), key=lambda a: (a.cosine, a.name))
-    return CompareReport(len(feeds), list(outputs.values()), ranked)
+    """Quantize `model` with `table` (or a KL table from `calib_data`) and compare it with the float model on
+    every sample in `data`."""
+    return load_comparison(model, table, data, target, quant, calib_data).evaluate(float_layers)
 
 
-def _text(report: CompareReport) -> str:
+def _text(report: CompareReport, mixed: MixedResult | None) -> str:
     def row(a: Agreement) -> str:
         top1 = "" if a.top1_agreement is None else f"  top1 {a.top1_agreement:.3f}"
         return f"  {a.name:<32} cos {a.cosine:.6f}  sqnr {a.sqnr_db:7.2f} dB  max err {a.max_abs_error:.6g}{top1}"
 
-    lines = [f"{report.samples} sample(s)", "outputs:", *map(row, report.outputs), "layers (worst first):"]
-    return "\n".join(lines + [row(a) for a in report.layers])
+    lines = [f"{report.samples} sample(s)"]
+    if report.float_layers:
+        lines.append(f"float layers: {', '.join(report.float_layers)}")
+    lines += ["outputs:", *map(row, report.outputs), "layers (worst first):", *map(row, report.layers)]
+    if mixed is not None:
+        verdict = "reached" if mixed.reached else "NOT reached"
+        lines.append(
+            f"auto-mixed {mixed.target}: {verdict}; int8 cosine {mixed.int8_cosine:.6f}; {mixed.reason}; "
+            f"float layers: {', '.join(mixed.float_layers) or '(none)'}"
+        )
+    return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare(
         model: Annotated[Path, typer.Argument(help="The float .onnx model.")],
-        calib: Annotated[Path, typer.Option("--calib", help="Calibration table (tpu-mlir cali_table format).")],
         data: Annotated[Path, typer.Option("--data", help="Folder of .npz (keys = input names) or .npy samples.")],
+        calib: Annotated[
+            Path | None, typer.Option("--calib", help="Calibration table (tpu-mlir cali_table format).")
+        ] = None,
+        calib_data: Annotated[
+            list[str] | None, typer.Option("--calib-data", help="Calibrate (kl) on this folder/list instead.")
+        ] = None,
         target: Annotated[str, typer.Option("--target", help="Target whose quantized arithmetic to use.")] = "cv18xx",
         quant: Annotated[str, typer.Option("--quant", help="int8 or bf16.")] = "int8",
         float_layer: Annotated[
             list[str] | None, typer.Option("--float-layer", help="Keep this op or tensor in bf16.")
         ] = None,
+        mixed_target: Annotated[
+            float | None, typer.Option("--auto-mixed", help="Find the fewest float layers for this output cosine.")
+        ] = None,
+        max_float: Annotated[
+            int, typer.Option("--max-float-layers", help="Bound of the --auto-mixed search.")
+        ] = DEFAULT_MAX_FLOAT_LAYERS,
         as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
     ) -> None:
         """Per-output and per-layer agreement of the quantized reference with onnxruntime float."""
-        report = compare_model(model, calib, data, target, quant, float_layer or ())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            comparison = load_comparison(model, calib, data, target, quant, calib_data or ())
+        for warning in caught:  # e.g. table rows naming no tensor of this model: one line each, then go on
+            typer.echo(f"npuc: warning: {' '.join(str(warning.message).split())}", err=True)
+        mixed = None
+        if mixed_target is None:
+            report = comparison.evaluate(float_layer or ())
+        else:
+            if float_layer:
+                raise UserError("--auto-mixed chooses the float layers itself; drop --float-layer")
+            mixed = auto_mixed(comparison, mixed_target, max_float)
+            report = mixed.report
         if as_json:
             payload = {
                 "samples": report.samples,
+                "float_layers": report.float_layers,
                 "outputs": [a.public() for a in report.outputs],
                 "layers": [a.public() for a in report.layers],
             }
+            if mixed is not None:
+                payload["auto_mixed"] = mixed.public()
             typer.echo(json.dumps(payload, indent=2))
         else:
-            typer.echo(_text(report))
+            typer.echo(_text(report, mixed))
+        if mixed is not None and not mixed.reached:
+            raise UserError(f"--auto-mixed {mixed.target}: {mixed.reason}; lower the target or recalibrate")
