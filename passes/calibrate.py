@@ -11,8 +11,9 @@ BatchNormalization folded into a conv keeps the conv's (`conv_19_Conv`), an Iden
 output gives the output's name with the real producer's type (`output_Gemm`); graph inputs keep their name.
 `tensor_table_names` gives that mapping for every ONNX tensor.
 
-Two streaming passes (passes/histogram.py): ranges, freeze, histograms. Samples are loaded one at a time
-and nothing per sample is kept, so memory stays flat as the sample count grows. Sharded runs: pass 1 per
+Two streaming passes (passes/histogram.py): ranges, freeze, histograms, on one onnxruntime session. Samples
+are loaded one batch at a time (the next batch runs while the current one is folded in) and nothing per sample
+is kept, so memory stays flat as the sample count grows. Sharded runs: pass 1 per
 shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table is then
 byte-identical to a single run's.
 """

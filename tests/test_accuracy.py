@@ -50,7 +50,7 @@ def test_int8_top1_agreement_and_cosine(accuracy, measured):
     result = accuracy.score("npuc int8", ref, got, 0.0)
     assert result.confident >= 8  # page x4, astronaut x4 and more are confident in fp32
     assert result.top1_agreement >= 0.98  # the goal
-    # the cosine goal is a mean >= 0.99; the int8 scheme measures ~0.94-0.95 on this model (see the
+    # the cosine goal is a mean >= 0.99; the int8 scheme measures ~0.95 on this model (see the
     # bench, which also prints onnxruntime's own int8 alongside). Hold what is reached so it cannot regress.
-    assert result.mean_cosine >= 0.93
+    assert result.mean_cosine >= 0.94  # measured 0.9509 (16 pictures, 10 confident)
     assert (accuracy._cosines(ref, got)[:4] > 0.999).all()  # the confident page pictures barely move

@@ -181,3 +181,9 @@ def test_table_problems_are_one_line(samples, tmp_path, capsys):
     assert line.startswith("npuc: error: ") and "pass a tpu-mlir calibration table" in line
     assert cli("compare", str(MODEL), "--data", str(samples)) == 2
     assert "exactly one of --calib TABLE or --calib-data DIR" in capsys.readouterr().err
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    np.savez(wrong / "s0.npz", input=np.zeros((1, 3, 32, 32), np.float32))
+    assert cli("compare", str(MODEL), "--calib", str(TABLE), "--data", str(wrong)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "s0.npz: input 'input' is 1x3x32x32 float32, the model takes 1x3x64x64" in line

@@ -117,8 +117,10 @@ class MixedResult:
         }
 
 
-def load_samples(folder: Path, inputs: list[str]) -> list[dict[str, np.ndarray]]:
-    """One feed per .npz/.npy file of `folder`, in file-name order."""
+def load_samples(
+    folder: Path, inputs: list[str], shapes: dict[str, tuple[int, ...]] | None = None
+) -> list[dict[str, np.ndarray]]:
+    """One feed per .npz/.npy file of `folder`, in file-name order; each array checked against `shapes`."""
     if not folder.is_dir():
         raise UserError(f"--data {folder}: not a folder; give a folder of .npz/.npy samples")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npz", ".npy"))
@@ -134,7 +136,21 @@ def load_samples(folder: Path, inputs: list[str]) -> list[dict[str, np.ndarray]]
         if missing:
             raise UserError(f"{path}: no array for input(s) {missing}; the keys must be the model's input names")
         feeds.append({n: arrays[n] for n in inputs})
+    for path, feed in zip(files, feeds):
+        check_feed(feed, shapes or {}, str(path))
     return feeds
+
+
+def check_feed(feed: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], where: str) -> None:
+    """A sample must have the model's input shapes and a numeric dtype (else onnxruntime fails opaquely)."""
+    for name, want in shapes.items():
+        value = np.asarray(feed[name])
+        if tuple(value.shape) != tuple(want) or value.dtype.kind not in "fiub":
+            got = "x".join(map(str, value.shape)) or "scalar"
+            raise UserError(
+                f"{where}: input '{name}' is {got} {value.dtype}, the model takes {'x'.join(map(str, want))} "
+                "numbers; save samples at the model's input shape"
+            )
 
 
 def _scheme_of(qgraph: Graph, name: str) -> str | None:
@@ -170,7 +186,18 @@ class Comparison:
         else:  # the source model's table names place rows of BN-folded convs (`<conv out>_Conv`)
             self.thresholds = thresholds_for_graph(self.graph, table, table_names=tensor_table_names(source))
         self.scheme = scheme
-        self.feeds = load_samples(data, self.graph.inputs) if isinstance(data, Path) else list(data)
+        shapes = {n: tuple(self.graph.tensors[n].shape) for n in self.graph.inputs}
+        if isinstance(data, Path):
+            self.feeds = load_samples(data, self.graph.inputs, shapes)
+        else:
+            self.feeds = list(data)
+            for i, feed in enumerate(self.feeds):
+                check_feed(feed, shapes, f"sample {i}")
+        # samples saved as float64 (numpy's default) run as the model's input type
+        dtypes = {n: np.dtype(self.graph.tensors[n].dtype) for n in self.graph.inputs}
+        self.feeds = [
+            {n: np.asarray(v, dtype=dtypes.get(n, np.asarray(v).dtype)) for n, v in f.items()} for f in self.feeds
+        ]
         session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         self.ref_outputs = [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
