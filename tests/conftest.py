@@ -6,10 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.models.fetch import fetch_model
 
 # tests/ -> repo root -> its parent holds shared/golden (the same layout in CI).
-GOLDEN_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN_DIR = GOLDEN_ROOT
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bm1880.calibration import (
     blob_thresholds,
     calibration_to_binary,
@@ -20,7 +20,7 @@ from npuc.backends.bm1880.calibration import (
 )
 from npuc.compiler.errors import CorruptFileError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 PB2 = GOLDEN / "bmnet_lenet_calibration.pb2"
 TEXT = GOLDEN / "bmnet_lenet_calibration.prototxt"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import cache
-from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import (
     decode_cmdbuf,
@@ -20,7 +20,7 @@ from npuc.backends.bm1880.cmdbuf import (
 from npuc.backends.bm1880.container import load_bmodel
 from npuc.compiler.errors import CorruptFileError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 FILES = ["mtcnn_pnet_multishape.bmodel", "mtcnn_det1_nchw.bmodel", "mtcnn_det1_1_3_12_12_json.bmodel"]
 # (BD, GDMA) instruction counts over all commands, and GDMA (direction, flags) counts
 EXPECTED = {

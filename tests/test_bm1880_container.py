@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bm1880.container import (
     MAGIC_PROTO,
     MAGIC_PROTO_WEIGHTS,
@@ -23,7 +23,7 @@ from npuc.backends.bm1880.container import (
 from npuc.backends.bm1880.inspect import describe_bmodel
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 PNET = GOLDEN / "mtcnn_pnet_multishape.bmodel"
 DET1 = GOLDEN / "mtcnn_det1_nchw.bmodel"
 JSON_DET1 = GOLDEN / "mtcnn_det1_1_3_12_12_json.bmodel"

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gmem_refs
 from npuc.backends.bm1880.container import load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.inspect import describe_bmodel
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 MUTATIONS = 1000  # per container
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bm1880.calibration import load_calibration
 from npuc.compiler.protoschema import load_proto
 from npuc.passes import fixedpoint as fp
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT.parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 
 # conv / fc layer -> the layer whose output feeds it (LeNet: data, conv1, pool1, conv2, pool2, ip1, relu, ip2)
 WEIGHT_LAYERS = {"conv1": "data", "conv2": "pool1", "ip1": "pool2", "ip2": "customized1"}

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import encode_cmdbuf, make_instruction
 from npuc.backends.bm1880.container import BModel, Command, TensorInfo, load_bmodel, read_bmodel, write_bmodel
@@ -19,7 +20,7 @@ from npuc.compiler.cli import main
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from onnx import numpy_helper
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 PNET = GOLDEN / "mtcnn_pnet_multishape.bmodel"
 
 

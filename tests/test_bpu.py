@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.bpu import artifact as bpu_artifact
 from npuc.backends.bpu.contract import (
     Contract,
@@ -32,7 +32,7 @@ from npuc.passes.fixedpoint import (
     horizon_shift_quantize,
 )
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 HALF_STEPS = np.arange(-600, 601) / 2.0  # every integer and every tie from -300 to 300
 BOUNDS = {"s8": (-128, 127), "u8": (0, 255)}
 
@@ -259,6 +259,7 @@ compiler_parameters:
   optimize_level: O3
 """
     )
+    cli(["build", "--config", str(config), "--target", "bpu"])  # every test of the folder sees a finished build
     return root, config
 
 

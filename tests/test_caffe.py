@@ -9,13 +9,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from npuc.compiler.interp import run
 from npuc.frontends.caffe import caffe_schema, import_caffe
 from npuc.frontends.onnx import import_onnx
 from onnx import TensorProto, helper, numpy_helper
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"
+GOLDEN = GOLDEN_ROOT / "bm1880"
 
 
 def _lenet_input() -> np.ndarray:

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler.cli import main
 from npuc.compiler.errors import UserError
 from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
 from npuc.passes.calitable import format_table, read_table
 from npuc.passes.preprocess import InputSpec, Preprocess, image_to_tensor, list_samples, load_sample
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 MODEL = GOLDEN / "cv18xx" / "smallcnn.onnx"
 SAMPLES = GOLDEN / "cv18xx" / "smallcnn_cali_samples"
 VENDOR_TABLE = GOLDEN / "cv18xx" / "smallcnn_cali_table.txt"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler.errors import UserError
 from npuc.passes import calitable as ct
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 SMALLCNN_TABLE = GOLDEN / "cv18xx" / "smallcnn_cali_table.txt"
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler import cli
 from onnx import TensorProto, helper, numpy_helper
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 
 
 def npuc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

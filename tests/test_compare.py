@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler.cli import main
 from npuc.compiler.commands.compare import Comparison, auto_mixed, compare_model
 from npuc.passes.calitable import format_table, read_table
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"
 TABLE = GOLDEN / "smallcnn_cali_table.txt"
 # every activation of the canonicalized IR; `output` is the fc layer (its dequantized result vs float)

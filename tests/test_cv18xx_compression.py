@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx import compression as vlc
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import CHIPS
@@ -17,7 +16,7 @@ from npuc.backends.cv18xx.sim_tiu import f32_to_bf16
 from npuc.compiler.errors import CorruptFileError
 from onnx import numpy_helper
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 FC_ELEMENTS = 32 * 10  # fc_w_41_fix_bf16: the Gemm weight transposed to 32x10, stored compressed at weight+0
 FC_STORED_BYTES = 640  # its weight_map size: the uncompressed size, the compressed buffer padded with zeros
 

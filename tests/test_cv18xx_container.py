@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx import fbcodec
 from npuc.backends.cv18xx.container import (
     decode_cpu_args,
@@ -19,7 +20,7 @@ from npuc.backends.cv18xx.fbs import SchemaError, parse_schema
 from npuc.backends.cv18xx.inspect import describe_cvimodel
 from npuc.compiler.errors import CorruptFileError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 FILES = sorted(GOLDEN.glob("*.cvimodel"))
 
 # file stem -> (chip, body size, weight section bytes, cmdbuf section name, cmdbuf bytes)

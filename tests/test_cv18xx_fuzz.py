@@ -7,15 +7,15 @@ import random
 import struct
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.inspect import describe_cvimodel
 from npuc.compiler.errors import CorruptFileError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 SOURCE = GOLDEN / "smallcnn_cv181x_int8.cvimodel"  # has a CPU routine with nested arguments
 ROUNDS_PER_KIND = 500
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import Instruction, decode_summary, disassemble, join_cmdbuf, split_cmdbuf
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.compiler.errors import CorruptFileError
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 FILES = sorted(GOLDEN.glob("*.cvimodel"))
 
 # stem -> (TIU count, TDMA count)

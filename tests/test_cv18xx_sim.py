@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import cpu_quant, load_program, run_cvimodel, tensor_view
 from npuc.backends.cv18xx.sim_tiu import (
@@ -16,7 +15,7 @@ from npuc.backends.cv18xx.sim_tiu import (
     saturating_rounding_doubling_high_mul,
 )
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 INT8_STEMS = ["smallcnn_cv183x_int8", "smallcnn_cv182x_int8", "smallcnn_cv181x_int8", "smallcnn_cv180x_int8"]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import CHIPS
@@ -27,7 +28,7 @@ from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.passes.canonicalize import canonicalize
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 KINDS = ("weights", "shared", "private", "io")
 
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler.errors import UserError
 from npuc.passes import calitable as ct
 from npuc.passes import histogram as hg
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 RNG = np.random.default_rng(7)
 
 

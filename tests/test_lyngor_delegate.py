@@ -13,6 +13,7 @@ from pathlib import Path
 import jsonschema
 import onnx
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.artifact import describe_tree
 from npuc.backends.lyngor.build import build_tree
@@ -22,7 +23,7 @@ from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.passes.canonicalize import canonicalize
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
 
 STANDIN = '''

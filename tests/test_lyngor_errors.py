@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.payload import read_program, write_program
@@ -20,7 +21,7 @@ from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.passes.canonicalize import canonicalize
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
 APU_X = Path("Net_0/apu_0/apu_x")
 X = np.load(GOLDEN / "cv18xx" / "smallcnn_in.npz")["input"]

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
@@ -24,7 +25,7 @@ from npuc.frontends.onnx import import_onnx
 from npuc.passes.canonicalize import canonicalize
 from onnx import TensorProto, helper, numpy_helper
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
 
 TREE = ("net_params.json", "Net_0/top_graph.json", "Net_0/apu_0/apu_x/apu.json")

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.sim import FP16_KERNELS, load_resolution
 from npuc.compiler import interp
@@ -18,7 +19,7 @@ from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
 from npuc.passes.canonicalize import canonicalize
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+GOLDEN = GOLDEN_ROOT
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

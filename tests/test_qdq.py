@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.compiler.cli import main
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
@@ -22,7 +23,7 @@ from npuc.passes.fixedpoint import bm1880_quantize_layer
 from npuc.passes.qdq import plan_bm1880, plan_from_quantized, qdq_for_target, thresholds_for_model, write_qdq
 from npuc.passes.quantize import quantize
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -8,11 +8,11 @@ cvimodels on the vendor simulator.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
@@ -24,7 +24,7 @@ from npuc.passes.calitable import CalibrationTable, Threshold, read_table
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.quantize import ThresholdMap, int8_params, quantize, thresholds_for_graph
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 REGION_MASK = (1 << 40) - 1
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
@@ -20,7 +21,7 @@ from npuc.passes.canonicalize import canonicalize
 
 from .cv18xx_sim import run_vendor
 
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"
 TABLE = GOLDEN / "smallcnn_cali_table.txt"
 BUILDS = [(c, "int8") for c in ("cv183x", "cv182x", "cv181x", "cv180x")] + [("cv183x", "bf16"), ("cv181x", "bf16")]

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 
 from .cv18xx_sim import LIBRARIES, VendorSimError, cache_dir, run_vendor, simulator_dir
 
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "golden" / "cv18xx"
+GOLDEN = GOLDEN_ROOT / "cv18xx"
 STEMS = [
     "smallcnn_cv183x_int8",
     "smallcnn_cv182x_int8",
