@@ -20,9 +20,6 @@ Options (BuildRequest.options):
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.interp import external_shape
 from npuc.compiler.ir import Graph
 from npuc.compiler.targets import BuildRequest, BuildResult
@@ -177,31 +175,6 @@ def _output_properties(qgraph: Graph, name: str, opts: BpuOptions) -> TensorProp
     return make_properties(name, shape, layout, "F32", True)
 
 
-def _write_folder(output: Path, files: dict[str, bytes]) -> None:
-    """Write all files into a temporary folder beside `output`, then swap it into place."""
-    output = Path(output)
-    if not output.parent.is_dir():
-        raise UserError(f"output folder {output.parent} does not exist; create it or choose another -o")
-    if output.exists() and not output.is_dir():
-        raise UserError(f"{output} is a file; the bpu target writes a folder, choose another -o")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        for rel, data in sorted(files.items()):
-            (tmp / rel).write_bytes(data)
-            os.chmod(tmp / rel, 0o644)
-        os.chmod(tmp, 0o755)
-        old = None
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-            os.replace(output, old / output.name)
-        os.replace(tmp, output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def prologues_for(inputs: Sequence[Any]) -> dict[str, InputPrologue]:
     return {cfg.name: InputPrologue(cfg.affine()) for cfg in inputs if cfg.is_image}
 
@@ -237,7 +210,7 @@ def build_bpu(request: BuildRequest) -> BuildResult:
         f"{opts.name}_hbdnn_contract.h": contract_to_header(contract),
         model_file: model.SerializeToString(deterministic=True),
     }
-    _write_folder(request.output, files)
+    atomic_write_tree(request.output, files, what="the bpu target")
     int8_ops = sum(1 for op in qgraph.ops if getattr(getattr(op.attrs, "quant", None), "mode", "") == "int8")
     return BuildResult(
         [request.output],

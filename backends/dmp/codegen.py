@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_tree
 
 from .layers import ACT_NAMES, CONV_FIELDS, RUN_FIELDS, Field, Layer, Network, kernel_wh, network_to_dict, unpack2
 
@@ -144,21 +141,5 @@ def write_output(out_dir: Path, net: Network, blob: bytes, source: str) -> list[
         f"{net.name}{LAYERS_SUFFIX}": table.encode(),
     }
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"output {out_dir} exists and is not a folder; the dmp target writes a folder")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        for fname, data in files.items():
-            (tmp / fname).write_bytes(data)
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    atomic_write_tree(out_dir, files, what="the dmp target", make_parent=True)
     return [out_dir / fname for fname in files]

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.ir import Graph
 from npuc.compiler.targets import BuildRequest, BuildResult
 
@@ -167,30 +166,8 @@ def compile_tree(graphs: list[Graph], opts: LyngorOptions) -> TreeParts:
 
 
 def write_tree_atomic(output: Path, files: dict[str, bytes], finish: Callable[[Path], None] | None = None) -> None:
-    """Write `files` into a temporary folder beside `output`, run `finish(tmp)`, then swap it into place."""
-    output = Path(output)
-    if not output.parent.is_dir():
-        raise UserError(f"output folder {output.parent} does not exist; create it or choose another -o")
-    if output.exists() and not output.is_dir():
-        raise UserError(f"{output} is a file; a Lyngor build writes a folder, choose another -o")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        for rel, data in files.items():
-            path = tmp / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        if finish is not None:
-            finish(tmp)
-        old = None
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-            os.replace(output, old / output.name)
-        os.replace(tmp, output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """Write the tree atomically (compiler.fileio); `finish(tmp)` runs on the complete temporary tree."""
+    atomic_write_tree(output, files, finish, what="a Lyngor build")
 
 
 def build_tree(request: BuildRequest) -> BuildResult:
