@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
-from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, row_tiles
-from npuc.backends.cv18xx.lmem import GTensor, local_bytes
+from npuc.backends.cv18xx.kernels.tiling import Geometry, stream_rows
+from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
@@ -95,10 +95,9 @@ def conv2d(cg: Codegen, op: Op) -> None:
 
 def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Params, oc_base: int,
           g: Geometry) -> None:  # fmt: skip
-    chip, s = cg.chip, cg.stream
+    s = cg.stream
     fmt = x.fmt
-    n, ic = x.shape[:2]
-    oc = y.shape[1]
+    ic, oc = x.shape[1], y.shape[1]
     relu, relu_max = fused_relu(op)
     e = 2 if fmt == "bf16" else 1
     rec = 9 if params.has_bias else 5
@@ -116,31 +115,19 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Para
         if ptile is not None:
             lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
             dma.load(s, ptile, lp)
-        mark = local.top
 
-        def fits(rows: int, t: int = t, mark: int = mark) -> bool:
-            need = local_bytes(chip, (1, ic, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
-            return mark + need + local_bytes(chip, (1, t, rows, g.ow), fmt) <= chip.lmem_size
+        def compute(ly: LTensor, lx: LTensor, win: tiu.Window, lw: LTensor = lw, lp: LTensor | None = lp) -> None:
+            s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
+            if relu_max is not None:
+                s.tiu(tiu.minimum(ly, ly, relu_max))
 
-        rows = largest_fit(g.oh, fits)
-        if rows == 0:
-            raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
-        for b in range(n):
-            for tile in row_tiles(g, rows):
-                local.reset(mark)
-                lx = local.tensor((1, ic, tile.ih1 - tile.ih0, g.iw), fmt)
-                ly = local.tensor((1, t, tile.oh1 - tile.oh0, g.ow), fmt)
-                dma.load(s, x.slice(n=(b, b + 1), h=(tile.ih0, tile.ih1)), lx)
-                s.tiu(tiu.conv(ly, lx, lw, lp, tile.window, relu, params.has_bias))
-                if relu_max is not None:
-                    s.tiu(tiu.minimum(ly, ly, relu_max))
-                dma.store(s, ly, y.slice(n=(b, b + 1), c=(o0, o1), h=(tile.oh0, tile.oh1)))
+        stream_rows(cg, op, local, g, x, y.slice(c=(o0, o1)), compute)
 
 
 def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Params, g: Geometry) -> None:
     chip, s = cg.chip, cg.stream
     fmt = x.fmt
-    n, c = x.shape[:2]
+    c = x.shape[1]
     relu, relu_max = fused_relu(op)
     local = cg.local(op)
     tile_c = c
@@ -162,22 +149,10 @@ def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: 
         if ptile is not None:
             lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
             dma.load(s, ptile, lp)
-        mark = local.top
 
-        def fits(rows: int, t: int = t, mark: int = mark) -> bool:
-            need = local_bytes(chip, (1, t, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
-            return mark + need + local_bytes(chip, (1, t, rows, g.ow), fmt) <= chip.lmem_size
+        def compute(ly: LTensor, lx: LTensor, win: tiu.Window, lw: LTensor = lw, lp: LTensor | None = lp) -> None:
+            s.tiu(tiu.depthwise(ly, lx, lw, lp, win, relu, params.has_bias))
+            if relu_max is not None:
+                s.tiu(tiu.minimum(ly, ly, relu_max))
 
-        rows = largest_fit(g.oh, fits)
-        if rows == 0:
-            raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
-        for b in range(n):
-            for tile in row_tiles(g, rows):
-                local.reset(mark)
-                lx = local.tensor((1, t, tile.ih1 - tile.ih0, g.iw), fmt)
-                ly = local.tensor((1, t, tile.oh1 - tile.oh0, g.ow), fmt)
-                dma.load(s, x.slice(n=(b, b + 1), c=(c0, c1), h=(tile.ih0, tile.ih1)), lx)
-                s.tiu(tiu.depthwise(ly, lx, lw, lp, tile.window, relu, params.has_bias))
-                if relu_max is not None:
-                    s.tiu(tiu.minimum(ly, ly, relu_max))
-                dma.store(s, ly, y.slice(n=(b, b + 1), c=(c0, c1), h=(tile.oh0, tile.oh1)))
+        stream_rows(cg, op, local, g, x.slice(c=(c0, c1)), y.slice(c=(c0, c1)), compute)

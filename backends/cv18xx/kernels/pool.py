@@ -8,10 +8,10 @@ multiplies by the bf16 value of 1/(kh*kw), as the hardware has no divider.
 from __future__ import annotations
 
 import numpy as np
-from npuc.backends.cv18xx import dma, tiu
+from npuc.backends.cv18xx import tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
-from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, row_tiles
-from npuc.backends.cv18xx.lmem import GTensor, local_bytes
+from npuc.backends.cv18xx.kernels.tiling import Geometry, stream_rows
+from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
@@ -24,7 +24,7 @@ def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -
     q = quant_of(op)
     bf16 = q.mode == "bf16"
     fmt = x.fmt
-    n, c = x.shape[:2]
+    c = x.shape[1]
     relu, relu_max = fused_relu(op)
     if mode == "avg":
         if bf16:
@@ -39,31 +39,20 @@ def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -
             local_bytes(chip, (1, tile_c, 1, g.ow), fmt) > chip.lmem_size:  # fmt: skip
         tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
     for c0 in range(0, c, tile_c):
-        c1 = min(c, c0 + tile_c)
-        t = c1 - c0
+        cs = (c0, min(c, c0 + tile_c))
 
-        def fits(rows: int, t: int = t) -> bool:
-            need = local_bytes(chip, (1, t, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
-            return need + local_bytes(chip, (1, t, rows, g.ow), fmt) <= chip.lmem_size
+        def compute(ly: LTensor, lx: LTensor, win: tiu.Window) -> None:
+            if mode == "max":
+                s.tiu(tiu.max_pool(ly, lx, win, BF16_LOWEST if bf16 else -128))
+                if relu:
+                    s.tiu(tiu.maximum(ly, ly, 0))
+            else:
+                s.tiu(tiu.avg_pool(ly, lx, win, mult, rshift, relu))
+            if relu_max is not None:
+                s.tiu(tiu.minimum(ly, ly, relu_max))
 
-        rows = largest_fit(g.oh, fits)
-        if rows == 0:
-            raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
-        for b in range(n):
-            for tile in row_tiles(g, rows):
-                local.reset()
-                lx = local.tensor((1, t, tile.ih1 - tile.ih0, g.iw), fmt)
-                ly = local.tensor((1, t, tile.oh1 - tile.oh0, g.ow), fmt)
-                dma.load(s, x.slice(n=(b, b + 1), c=(c0, c1), h=(tile.ih0, tile.ih1)), lx)
-                if mode == "max":
-                    s.tiu(tiu.max_pool(ly, lx, tile.window, BF16_LOWEST if bf16 else -128))
-                    if relu:
-                        s.tiu(tiu.maximum(ly, ly, 0))
-                else:
-                    s.tiu(tiu.avg_pool(ly, lx, tile.window, mult, rshift, relu))
-                if relu_max is not None:
-                    s.tiu(tiu.minimum(ly, ly, relu_max))
-                dma.store(s, ly, y.slice(n=(b, b + 1), c=(c0, c1), h=(tile.oh0, tile.oh1)))
+        local.reset()
+        stream_rows(cg, op, local, g, x.slice(c=cs), y.slice(c=cs), compute)
 
 
 @kernel("pool2d")

@@ -1,11 +1,20 @@
-"""Row tiling shared by the windowed kernels (conv, depthwise, pooling)."""
+"""Row tiling shared by the windowed kernels (conv, depthwise, pooling): each output-row tile loads the input
+rows its windows read (the halo included), computes in local memory and is stored back."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from npuc.backends.cv18xx import dma
+from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.tiu import Window
+from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Op
+
+if TYPE_CHECKING:
+    from npuc.backends.cv18xx.codegen import Codegen
 
 
 @dataclass(frozen=True)
@@ -61,3 +70,35 @@ def row_tiles(g: Geometry, rows: int) -> Iterator[RowTile]:
         need_w = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
         win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, (ih0 - start, end - ih1, left, max(0, need_w - g.iw - left)))
         yield RowTile(oh0, oh1, ih0, ih1, win)
+
+
+def stream_rows(
+    cg: Codegen,
+    op: Op,
+    local: LocalAllocator,
+    g: Geometry,
+    x: GTensor,
+    y: GTensor,
+    compute: Callable[[LTensor, LTensor, Window], None],
+) -> None:
+    """Produce `y` (one channel tile) from `x` in the largest row tiles that fit above `local.top` (where the
+    op's weights already sit): load the rows each tile reads, `compute(out_tile, in_tile, window)`, store."""
+    chip, fmt = cg.chip, x.fmt
+    mark = local.top
+    ic, oc = x.shape[1], y.shape[1]
+
+    def fits(rows: int) -> bool:
+        need = local_bytes(chip, (1, ic, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
+        return mark + need + local_bytes(chip, (1, oc, rows, g.ow), fmt) <= chip.lmem_size
+
+    rows = largest_fit(g.oh, fits)
+    if rows == 0:
+        raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
+    for b in range(x.shape[0]):
+        for tile in row_tiles(g, rows):
+            local.reset(mark)
+            lx = local.tensor((1, ic, tile.ih1 - tile.ih0, g.iw), fmt)
+            ly = local.tensor((1, oc, tile.oh1 - tile.oh0, g.ow), fmt)
+            dma.load(cg.stream, x.slice(n=(b, b + 1), h=(tile.ih0, tile.ih1)), lx)
+            compute(ly, lx, tile.window)
+            dma.store(cg.stream, ly, y.slice(n=(b, b + 1), h=(tile.oh0, tile.oh1)))
