@@ -59,6 +59,14 @@ def resnet18_224(b: NetBuilder) -> onnx.ModelProto:
     return _single(b, b.gemm(g, 512, 1000), (1, 3, 224, 224))
 
 
+def resnet_stem_tall(b: NetBuilder) -> onnx.ModelProto:
+    """A ResNet stem and two blocks on a tall input: layer groups must slice it into row tiles with halos."""
+    x = b.op("Relu", b.batchnorm(b.conv("input", 3, 16, k=7, stride=2, bias=False), 16))
+    x = b.op("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = _basic_block(b, x, 16, 16, 1)
+    return _single(b, _basic_block(b, x, 16, 32, 2), (1, 3, 192, 160))
+
+
 # -- convolutions --------------------------------------------------------------------------------------
 
 
@@ -208,6 +216,7 @@ def upsample_nearest(b: NetBuilder) -> onnx.ModelProto:
 MODELS: dict[str, Builder] = {
     "tinycnn": tinycnn,
     "resnet18_224": resnet18_224,
+    "resnet_stem_tall": resnet_stem_tall,
     "conv_basic": _conv_then(cin=8, cout=16),
     "conv_stride2": _conv_then(cin=8, cout=16, stride=2),
     "conv_depthwise": _conv_then(cin=8, cout=8, group=8),

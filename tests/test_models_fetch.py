@@ -257,6 +257,7 @@ def test_light_zoo_models_are_shipped_with_onnx() -> None:
 GENERATED_OUTPUT_SHAPES = {
     "tinycnn": (1, 10),
     "resnet18_224": (1, 1000),
+    "resnet_stem_tall": (1, 32, 24, 20),
     "conv_basic": (1, 16, 16, 16),
     "conv_stride2": (1, 16, 8, 8),
     "conv_depthwise": (1, 8, 16, 16),

@@ -5,8 +5,8 @@ runtime's built-in CPU `quant` routine into private memory, then one TPU routine
 dequantizes the outputs to fp32 in their io regions. `--quant-input` / `--quant-output` keep the model's
 edges in int8 instead. A bf16 model converts its input on the TPU.
 
-Options read from `request.options`: quant_input, quant_output, float_layers (list), layer_group (bool;
-layers are tiled one at a time either way today).
+Options read from `request.options`: quant_input, quant_output, float_layers (list), layer_group (bool,
+default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.codegen import Codegen, generate
 from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel
 from npuc.backends.cv18xx.fbcodec import encode as fb_encode
+from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
@@ -32,6 +33,7 @@ from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.compiler.targets import BuildRequest, BuildResult
 from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
+from npuc.passes.layer_group import LayerGroup
 from npuc.passes.quantize import quantize
 
 DEFAULT_CHIP = "cv181x"
@@ -209,10 +211,11 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     inputs = list(qgraph.inputs)
     private = [op.outputs[0] for op in cpu_ops] + [op.inputs[0] for op in tail_ops]
     pinned = set(inputs) | set(outputs) | set(private)
-    plan = plan_memory(qgraph, tpu_ops, fmt, inputs + outputs, private, _aliases(qgraph, tpu_ops, pinned))
-    cg = Codegen(chip, qgraph, plan, fmt)
-    generate(cg, tpu_ops)
-    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, tpu_ops, tail_ops, inputs, outputs, tpu_outputs)
+    cg = Codegen(chip, qgraph, MemoryPlan(), fmt)
+    units = layer_groups(cg, tpu_ops, pinned | set(tpu_outputs)) if opts.get("layer_group", True) else tpu_ops
+    cg.plan = plan_memory(qgraph, units, fmt, inputs + outputs, private, _aliases(qgraph, tpu_ops, pinned))
+    generate(cg, units)
+    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, units, tail_ops, inputs, outputs, tpu_outputs)
     data = write_cvimodel(model)
     read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
     summary = {
@@ -220,8 +223,10 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
         "quant": quant,
         "size": len(data),
         "weight_bytes": len(cg.weights.section()),
-        "shared_gmem": plan.shared_size,
-        "private_gmem": plan.private_size,
+        "shared_gmem": cg.plan.shared_size,
+        "private_gmem": cg.plan.private_size,
+        "layer_groups": sum(isinstance(u, LayerGroup) for u in units),
+        "group_tiles": sum(len(list(u.tiles(qgraph))) for u in units if isinstance(u, LayerGroup)),
         **cg.stream.counts(),
     }
     return data, summary
@@ -233,7 +238,7 @@ def _assemble(
     g: Graph,
     cg: Codegen,
     cpu_ops: list[Op],
-    tpu_ops: list[Op],
+    tpu_ops: list[Op | LayerGroup],
     tail_ops: list[Op],
     inputs: list[str],
     outputs: list[str],

@@ -38,7 +38,7 @@ def tensor_bytes(graph: Graph, name: str, fmt: str) -> int:
     return int(np.prod(graph.shape(name), dtype=np.int64)) * ELEMENT_BYTES[fmt]
 
 
-class _FreeList:
+class FreeList:
     def __init__(self) -> None:
         self.free: list[tuple[int, int]] = []  # (offset, size), sorted
         self.top = 0
@@ -103,7 +103,7 @@ def plan_memory(
         for name in [*op.inputs, *op.outputs]:
             if name and not graph.tensors[name].is_const:
                 last_use[root(name)] = i
-    shared = _FreeList()
+    shared = FreeList()
     live: dict[str, Placement] = {}
     history: list[tuple[str, Placement, int]] = []  # (tensor, place, index of definition)
     for i, op in enumerate(ops):

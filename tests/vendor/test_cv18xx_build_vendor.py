@@ -1,6 +1,7 @@
 """npuc's own cvimodels on the vendor CV18xx simulator: every build must run there bit-exactly like `npuc run`.
 
-smallcnn with tpu-mlir's calibration table: int8 on all four chips and bf16 on cv183x/cv181x. The vendor
+smallcnn with tpu-mlir's calibration table: int8 on all four chips and bf16 on cv183x/cv181x, with and without
+layer groups. The vendor
 simulator's output is also compared with tpu-mlir's own cvimodel outputs and with onnxruntime float.
 """
 
@@ -32,14 +33,18 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+BUILD_SUMMARIES: dict[Path, dict] = {}  # path -> the summary its build returned
+
+
 def build_smallcnn(chip: str, quant: str, tmp: Path, **options: object) -> Path:
     graph = import_onnx(MODEL, None, [])
     canonicalize(graph)
     request = BuildRequest(graph, MODEL, tmp / "m.cvimodel", chip=chip, quant=quant,
                            calib_table=TABLE if quant == "int8" else None, options=dict(options))  # fmt: skip
-    data, _ = compile_cvimodel(request)
+    data, summary = compile_cvimodel(request)
     path = tmp / f"smallcnn_{chip}_{quant}.cvimodel"
     path.write_bytes(data)
+    BUILD_SUMMARIES[path] = summary
     return path
 
 
@@ -55,11 +60,14 @@ def tpu_mlir_outputs() -> dict[str, np.ndarray]:
         return {k: d[k] for k in d.files}
 
 
+@pytest.mark.parametrize("layer_group", [True, False], ids=["lg", "nolg"])
 @pytest.mark.parametrize("chip,quant", BUILDS)
 def test_npuc_build_runs_bit_exactly_on_the_vendor_simulator(
-    chip: str, quant: str, tmp_path: Path, feeds: dict[str, np.ndarray], tpu_mlir_outputs: dict[str, np.ndarray]
-) -> None:
-    path = build_smallcnn(chip, quant, tmp_path)
+    chip: str, quant: str, layer_group: bool, tmp_path: Path, feeds: dict[str, np.ndarray],
+    tpu_mlir_outputs: dict[str, np.ndarray]
+) -> None:  # fmt: skip
+    path = build_smallcnn(chip, quant, tmp_path, layer_group=layer_group)
+    assert (BUILD_SUMMARIES[path]["layer_groups"] > 0) == layer_group
     ours = run_cvimodel(read_cvimodel(path), feeds)["output"]
     vendor = run_vendor(path, feeds)["output"]
     assert vendor.shape == ours.shape == (1, 10, 1, 1)

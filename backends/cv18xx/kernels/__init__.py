@@ -1,3 +1,3 @@
 """cv18xx op kernels: one module per op family; importing the package registers them all."""
 
-from npuc.backends.cv18xx.kernels import conv, elementwise, matmul, pool, prelu, tensor  # noqa: F401
+from npuc.backends.cv18xx.kernels import conv, elementwise, group, matmul, pool, prelu, tensor  # noqa: F401

@@ -24,7 +24,7 @@ def geometry(op: Op, x: GTensor, y: GTensor, kh: int, kw: int) -> Geometry:
                     y.shape[2], y.shape[3])  # fmt: skip
 
 
-def _check_window(op: Op, g: Geometry) -> None:
+def check_window(op: Op, g: Geometry) -> None:
     if max(g.pads) >= 16 or max(g.sh, g.sw) >= 16 or max(g.dh, g.dw) > 16:
         raise UserError(
             f"op '{op.name}': pads {g.pads}, strides ({g.sh}, {g.sw}) or dilations exceed the TIU fields "
@@ -32,7 +32,7 @@ def _check_window(op: Op, g: Geometry) -> None:
         )
 
 
-class _Params:
+class ConvParams:
     """The packed per-channel parameters (int8 records or bf16 bias planes) of one conv in gmem."""
 
     def __init__(self, cg: Codegen, op: Op, oc: int, bf16: bool) -> None:
@@ -55,7 +55,7 @@ class _Params:
         return None if self.g is None else self.g.slice(c=(c0, c1))
 
 
-def _weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool) -> GTensor:
+def conv_weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool) -> GTensor:
     w = cg.const(op.inputs[1])
     packed = w.reshape(1, w.shape[0], w.shape[2], w.shape[3]) if depthwise else conv_filter(w)
     data = bf16_bits(packed) if bf16 else np.asarray(packed, np.int8)
@@ -79,13 +79,13 @@ def conv2d(cg: Codegen, op: Op) -> None:
     w = cg.const(op.inputs[1])
     oc, icg, kh, kw = w.shape
     g = geometry(op, x, y, kh, kw)
-    _check_window(op, g)
+    check_window(op, g)
     group = op.attrs.group
-    params = _Params(cg, op, oc, bf16)
+    params = ConvParams(cg, op, oc, bf16)
     if group > 1 and group == x.shape[1] == oc and icg == 1:
-        _depthwise(cg, op, x, y, _weights(cg, op, bf16, True), params, g)
+        _depthwise(cg, op, x, y, conv_weights(cg, op, bf16, True), params, g)
         return
-    weights = _weights(cg, op, bf16, False)
+    weights = conv_weights(cg, op, bf16, False)
     ocg = oc // group
     for gi in range(group):
         cs = (gi * icg, (gi + 1) * icg)
@@ -93,7 +93,7 @@ def conv2d(cg: Codegen, op: Op) -> None:
         _conv(cg, op, x.slice(c=cs), y.slice(c=os), weights.slice(c=os), params, os[0], g)
 
 
-def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Params, oc_base: int,
+def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, oc_base: int,
           g: Geometry) -> None:  # fmt: skip
     s = cg.stream
     fmt = x.fmt
@@ -124,7 +124,7 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Para
         stream_rows(cg, op, local, g, x, y.slice(c=(o0, o1)), compute)
 
 
-def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: _Params, g: Geometry) -> None:
+def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, g: Geometry) -> None:
     chip, s = cg.chip, cg.stream
     fmt = x.fmt
     c = x.shape[1]

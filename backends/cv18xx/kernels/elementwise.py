@@ -8,7 +8,7 @@ the 32-bit QDM multiplier. Tensors are tiled along N, C (in lane multiples) and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,92 +93,130 @@ def operands(cg: Codegen, op: Op) -> tuple[list[Operand], GTensor]:
 
 @kernel("eltwise")
 def eltwise(cg: Codegen, op: Op) -> None:
+    if op.attrs.kind not in ELTWISE_KINDS:
+        raise UserError(f"op '{op.name}': eltwise {op.attrs.kind} has no cv18xx kernel")
+    xs, y = operands(cg, op)
+    local = cg.local(op)
+    for b, cs, hs in tiles(cg, y.shape, y.fmt, 2 * len(xs) + 2):
+        local.reset()
+        ins = [x.load(cg, local, b, cs, hs, y.shape[3]) for x in xs]
+        out = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
+        compute_eltwise(cg, op, out, ins, lambda o=out: local.tensor(o.shape, o.fmt))
+        dma.store(cg.stream, out, _part(y, b, cs, hs))
+
+
+ELTWISE_KINDS = ("add", "sub", "max", "min", "mul")
+
+
+def eltwise_scratch(op: Op) -> int:
+    """Output-shaped temporaries `compute_eltwise` asks for: the int16 high plane of an int8 add, the rescaled
+    inputs of an int8 max/min."""
+    q = quant_of(op)
+    if q.mode == "bf16":
+        return 0
+    if op.attrs.kind in ("add", "sub"):
+        return 1
+    if op.attrs.kind in ("max", "min"):
+        mults = np.broadcast_to(np.asarray(q.multiplier).ravel(), (len(op.inputs),))
+        shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(op.inputs),))
+        return int(np.count_nonzero((mults != 1) | (shifts != 0)))
+    return 0
+
+
+def compute_eltwise(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], new_tile: Callable[[], LTensor]) -> None:
+    """The TIU ops of one eltwise tile: `ins` (read with explicit strides) into `out`; `new_tile()` gives the
+    `eltwise_scratch(op)` temporaries."""
     q = quant_of(op)
     kind = op.attrs.kind
-    xs, y = operands(cg, op)
     s = cg.stream
     relu, _ = fused_relu(op)
     bf16 = q.mode == "bf16"
-    fmt = y.fmt
     mults = np.asarray(q.multiplier).ravel() if q.multiplier is not None else None
     rshift = int(np.asarray(q.rshift).ravel()[0]) if q.rshift is not None else 0
-    local = cg.local(op)
-    for b, cs, hs in tiles(cg, y.shape, fmt, 2 * len(xs) + 2):
-        local.reset()
-        ins = [x.load(cg, local, b, cs, hs, y.shape[3]) for x in xs]
-        out = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), fmt)
-        if kind in ("add", "sub"):
-            if bf16:
-                coeffs = [BF16_ONE] + [BF16_ONE if kind == "add" else BF16_MINUS_ONE] * (len(ins) - 1)
-                s.tiu(tiu.mul(out, ins[0], coeffs[0]))
-                for i, lt in enumerate(ins[1:], 1):
-                    s.tiu(tiu.mac(out, lt, coeffs[i], 16, 0, relu and i == len(ins) - 1, True))
-            else:
-                high = local.tensor(out.shape, fmt)
-                plane = high.addr - out.addr
-                s.tiu(tiu.mul(out, ins[0], int(mults[0]), out16_plane=plane))
-                for i, lt in enumerate(ins[1:], 1):
-                    last = i == len(ins) - 1
-                    s.tiu(tiu.mac(out, lt, int(mults[i]), plane, rshift, relu and last, last))
-        elif kind in ("max", "min"):
-            if not bf16:
-                shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(ins),))
-                for j, (lt, m, r) in enumerate(zip(ins, mults, shifts)):
-                    if int(m) != 1 or int(r) != 0:
-                        scaled = local.tensor(out.shape, fmt)
-                        s.tiu(tiu.mul(scaled, lt, int(m), int(r)))
-                        ins[j] = scaled
-            pick = tiu.maximum if kind == "max" else tiu.minimum
-            s.tiu(pick(out, ins[0], ins[1]))
-            for lt in ins[2:]:
-                s.tiu(pick(out, out, lt))
-            if relu:
-                s.tiu(tiu.maximum(out, out, 0))
-        elif kind == "mul":
-            if bf16:
-                s.tiu(tiu.mul(out, ins[0], ins[1], relu=relu))
-                for lt in ins[2:]:
-                    s.tiu(tiu.mul(out, out, lt, relu=relu))
-            else:
-                if len(ins) != 2:
-                    raise UserError(f"op '{op.name}': int8 mul of {len(ins)} inputs has no cv18xx kernel")
-                s.tiu(tiu.mul_qm(out, ins[0], ins[1], int(mults[0]), rshift, relu))
+    ins = list(ins)
+    if kind in ("add", "sub"):
+        if bf16:
+            coeffs = [BF16_ONE] + [BF16_ONE if kind == "add" else BF16_MINUS_ONE] * (len(ins) - 1)
+            s.tiu(tiu.mul(out, ins[0], coeffs[0]))
+            for i, lt in enumerate(ins[1:], 1):
+                s.tiu(tiu.mac(out, lt, coeffs[i], 16, 0, relu and i == len(ins) - 1, True))
         else:
-            raise UserError(f"op '{op.name}': eltwise {kind} has no cv18xx kernel")
-        clamp(cg, op, out)
-        dma.store(s, out, _part(y, b, cs, hs))
+            plane = new_tile().addr - out.addr
+            s.tiu(tiu.mul(out, ins[0], int(mults[0]), out16_plane=plane))
+            for i, lt in enumerate(ins[1:], 1):
+                last = i == len(ins) - 1
+                s.tiu(tiu.mac(out, lt, int(mults[i]), plane, rshift, relu and last, last))
+    elif kind in ("max", "min"):
+        if not bf16:
+            shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(ins),))
+            for j, (lt, m, r) in enumerate(zip(ins, mults, shifts)):
+                if int(m) != 1 or int(r) != 0:
+                    scaled = new_tile()
+                    s.tiu(tiu.mul(scaled, lt, int(m), int(r)))
+                    ins[j] = scaled
+        pick = tiu.maximum if kind == "max" else tiu.minimum
+        s.tiu(pick(out, ins[0], ins[1]))
+        for lt in ins[2:]:
+            s.tiu(pick(out, out, lt))
+        if relu:
+            s.tiu(tiu.maximum(out, out, 0))
+    elif kind == "mul":
+        if bf16:
+            s.tiu(tiu.mul(out, ins[0], ins[1], relu=relu))
+            for lt in ins[2:]:
+                s.tiu(tiu.mul(out, out, lt, relu=relu))
+        else:
+            if len(ins) != 2:
+                raise UserError(f"op '{op.name}': int8 mul of {len(ins)} inputs has no cv18xx kernel")
+            s.tiu(tiu.mul_qm(out, ins[0], ins[1], int(mults[0]), rshift, relu))
+    clamp(cg, op, out)
 
 
 def _relu_like(cg: Codegen, op: Op) -> None:
-    q = quant_of(op)
-    act = op.attrs.act
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
-    s = cg.stream
-    bf16 = q.mode == "bf16"
     local = cg.local(op)
     for b, cs, hs in tiles(cg, y.shape, y.fmt, 2):
         local.reset()
         lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
-        dma.load(s, _part(x, b, cs, hs), lt)
-        if act.kind == "relu" or act.kind == "clip":
-            lo = 0 if act.kind == "relu" else act.lo
-            if bf16:
-                if np.isfinite(lo):
-                    s.tiu(tiu.maximum(lt, lt, int(bf16_bits(np.float32(lo)))))
-                if act.kind == "clip" and np.isfinite(act.hi):
-                    s.tiu(tiu.minimum(lt, lt, int(bf16_bits(np.float32(act.hi)))))
-            else:
-                s.tiu(tiu.maximum(lt, lt, 0))
-                if q.relu_max is not None:
-                    s.tiu(tiu.minimum(lt, lt, q.relu_max))
-        elif act.kind == "leaky_relu" and bf16:
-            scaled = local.tensor(lt.shape, lt.fmt)
-            s.tiu(tiu.mul(scaled, lt, int(bf16_bits(np.float32(act.alpha)))))
-            pick = tiu.maximum if act.alpha <= 1 else tiu.minimum
-            s.tiu(pick(lt, lt, scaled))
-        else:
-            raise UserError(f"op '{op.name}': {q.mode} {act.kind} has no cv18xx kernel yet")
-        dma.store(s, lt, _part(y, b, cs, hs))
+        dma.load(cg.stream, _part(x, b, cs, hs), lt)
+        compute_relu_like(cg, op, lt, lt, lambda t=lt: local.tensor(t.shape, t.fmt))
+        dma.store(cg.stream, lt, _part(y, b, cs, hs))
+
+
+def relu_like_ok(op: Op) -> bool:
+    act, mode = op.attrs.act, quant_of(op).mode
+    return act.kind in ("relu", "clip") or (act.kind == "leaky_relu" and mode == "bf16")
+
+
+def compute_relu_like(cg: Codegen, op: Op, out: LTensor, x: LTensor, new_tile: Callable[[], LTensor]) -> None:
+    """ReLU / clip (int8, bf16) and bf16 LeakyReLU of one tile (`out` may be `x`); leaky needs one temporary."""
+    q = quant_of(op)
+    act = op.attrs.act
+    s = cg.stream
+    bf16 = q.mode == "bf16"
+    if not relu_like_ok(op):
+        raise UserError(f"op '{op.name}': {q.mode} {act.kind} has no cv18xx kernel yet")
+    if act.kind == "leaky_relu":
+        scaled = new_tile()
+        s.tiu(tiu.mul(scaled, x, int(bf16_bits(np.float32(act.alpha)))))
+        pick = tiu.maximum if act.alpha <= 1 else tiu.minimum
+        s.tiu(pick(out, x, scaled))
+        return
+    lo = 0 if act.kind == "relu" else act.lo
+    if bf16:
+        src = x
+        if np.isfinite(lo):
+            s.tiu(tiu.maximum(out, src, int(bf16_bits(np.float32(lo)))))
+            src = out
+        if act.kind == "clip" and np.isfinite(act.hi):
+            s.tiu(tiu.minimum(out, src, int(bf16_bits(np.float32(act.hi)))))
+            src = out
+        if src is not out:
+            s.tiu(tiu.copy(out, x))
+    else:
+        s.tiu(tiu.maximum(out, x, 0))
+        if q.relu_max is not None:
+            s.tiu(tiu.minimum(out, out, q.relu_max))
 
 
 @kernel("activation")

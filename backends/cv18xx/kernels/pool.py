@@ -19,20 +19,40 @@ from npuc.compiler.ir import Op
 BF16_LOWEST = 0xFF7F  # the most negative finite bf16: the max-pool pad value
 
 
-def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -> None:
-    chip, s = cg.chip, cg.stream
+def _avg_factors(op: Op, g: Geometry) -> tuple[int, int]:
+    """(multiplier, right shift) of an average pool: int8 from the quantize pass, bf16 the bf16 of 1/(kh*kw)."""
     q = quant_of(op)
-    bf16 = q.mode == "bf16"
-    fmt = x.fmt
-    c = x.shape[1]
-    relu, relu_max = fused_relu(op)
-    if mode == "avg":
-        if bf16:
-            mult, rshift = int(bf16_bits(np.float32(1.0 / (g.kh * g.kw)))), 0
-        else:
-            mult, rshift = int(np.asarray(q.multiplier).ravel()[0]), int(np.asarray(q.rshift).ravel()[0])
+    if q.mode == "bf16":
+        return int(bf16_bits(np.float32(1.0 / (g.kh * g.kw)))), 0
+    return int(np.asarray(q.multiplier).ravel()[0]), int(np.asarray(q.rshift).ravel()[0])
+
+
+def check_pool(op: Op, g: Geometry) -> None:
     if max(g.pads) >= 16 or max(g.sh, g.sw) >= 16 or g.dh != 1 or g.dw != 1:
         raise UserError(f"op '{op.name}': pool pads/strides >= 16 or dilation are beyond the TIU pool fields")
+
+
+def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTensor, win: tiu.Window) -> None:
+    """The TIU ops of one pooling tile (both operands in the default local layout)."""
+    s = cg.stream
+    bf16 = quant_of(op).mode == "bf16"
+    relu, relu_max = fused_relu(op)
+    if mode == "max":
+        s.tiu(tiu.max_pool(out, x, win, BF16_LOWEST if bf16 else -128))
+        if relu:
+            s.tiu(tiu.maximum(out, out, 0))
+    else:
+        mult, rshift = _avg_factors(op, g)
+        s.tiu(tiu.avg_pool(out, x, win, mult, rshift, relu))
+    if relu_max is not None:
+        s.tiu(tiu.minimum(out, out, relu_max))
+
+
+def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -> None:
+    chip = cg.chip
+    fmt = x.fmt
+    c = x.shape[1]
+    check_pool(op, g)
     local = cg.local(op)
     tile_c = c
     while tile_c > chip.lanes and local_bytes(chip, (1, tile_c, min(g.ih, g.rows_needed(1)), g.iw), fmt) + \
@@ -42,32 +62,33 @@ def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -
         cs = (c0, min(c, c0 + tile_c))
 
         def compute(ly: LTensor, lx: LTensor, win: tiu.Window) -> None:
-            if mode == "max":
-                s.tiu(tiu.max_pool(ly, lx, win, BF16_LOWEST if bf16 else -128))
-                if relu:
-                    s.tiu(tiu.maximum(ly, ly, 0))
-            else:
-                s.tiu(tiu.avg_pool(ly, lx, win, mult, rshift, relu))
-            if relu_max is not None:
-                s.tiu(tiu.minimum(ly, ly, relu_max))
+            pool_tile(cg, op, mode, g, ly, lx, win)
 
         local.reset()
         stream_rows(cg, op, local, g, x.slice(c=cs), y.slice(c=cs), compute)
 
 
-@kernel("pool2d")
-def pool2d(cg: Codegen, op: Op) -> None:
+def pool_geometry(op: Op, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Geometry:
     a = op.attrs
-    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     top, left, _, _ = a.pads
-    ih, iw, oh, ow = x.shape[2], x.shape[3], y.shape[2], y.shape[3]
+    ih, iw, oh, ow = x_shape[2], x_shape[3], y_shape[2], y_shape[3]
     # ceil-mode windows read past the input: the bottom/right pads cover them
     bottom = max(0, (oh - 1) * a.strides[0] + a.kernel[0] - ih - top)
     right = max(0, (ow - 1) * a.strides[1] + a.kernel[1] - iw - left)
-    if a.mode == "avg" and not a.count_include_pad and any(a.pads) and quant_of(op).mode == "bf16":
+    return Geometry(*a.kernel, *a.strides, *a.dilations, (top, left, bottom, right), ih, iw, oh, ow)
+
+
+def pool_supported(op: Op) -> bool:
+    a = op.attrs
+    return not (a.mode == "avg" and not a.count_include_pad and any(a.pads) and quant_of(op).mode == "bf16")
+
+
+@kernel("pool2d")
+def pool2d(cg: Codegen, op: Op) -> None:
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    if not pool_supported(op):
         raise UserError(f"op '{op.name}': average pooling that excludes the padding has no cv18xx kernel")
-    g = Geometry(*a.kernel, *a.strides, *a.dilations, (top, left, bottom, right), ih, iw, oh, ow)
-    _pool(cg, op, a.mode, g, x, y)
+    _pool(cg, op, op.attrs.mode, pool_geometry(op, x.shape, y.shape), x, y)
 
 
 @kernel("global_pool")

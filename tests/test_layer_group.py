@@ -1,0 +1,78 @@
+"""passes/layer_group.py: the rows each tensor of a group holds per tile (halos, padding) and group formation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from npuc.frontends.onnx import import_onnx
+from npuc.models.netbuilder import NetBuilder
+from npuc.passes.canonicalize import canonicalize
+from npuc.passes.layer_group import LayerGroup, RowWindow, form_groups
+
+GROUPABLE = {"conv2d", "pool2d", "eltwise", "activation"}
+
+
+def _graph(tmp_path: Path, body, shape=(1, 4, 16, 12)):  # noqa: ANN001, ANN202
+    b = NetBuilder("g", np.random.default_rng(0))
+    path = tmp_path / "g.onnx"
+    onnx.save(b.build({"input": shape}, {"output": body(b)}), path)
+    graph = import_onnx(path, None, [])
+    canonicalize(graph)
+    return graph
+
+
+def test_row_windows_read_the_halo_and_the_padding() -> None:
+    conv3 = RowWindow(kernel=3, stride=1, dilation=1, pad_top=1)
+    assert conv3.reads((0, 4)) == (-1, 5)  # one padding row above the first tile
+    assert conv3.reads((4, 8)) == (3, 9)
+    s2 = RowWindow(kernel=3, stride=2, dilation=1, pad_top=1)
+    assert s2.reads((2, 5)) == (3, 10)
+    dilated = RowWindow(kernel=3, stride=1, dilation=2, pad_top=2)
+    assert dilated.reads((0, 1)) == (-2, 3)
+
+
+def test_tiles_of_a_conv_chain_grow_the_halo(tmp_path: Path) -> None:
+    graph = _graph(tmp_path, lambda b: b.conv(b.op("Relu", b.conv("input", 4, 8)), 8, 8))
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 4, set())
+    (group,) = units
+    assert isinstance(group, LayerGroup) and len(group.ops) == 2 and group.inputs == ["input"]
+    assert group.output == "output" and len(group.internal) == 1
+    mid = group.internal[0]
+    tiles = list(group.tiles(graph))
+    assert [t.rows["output"] for t in tiles] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    first, second, last = tiles[0], tiles[1], tiles[-1]
+    assert second.rows[mid] == (3, 9) and second.rows["input"] == (2, 10)
+    assert first.rows[mid] == (0, 5) and first.rows["input"] == (0, 6)
+    first_conv, second_conv = group.ops
+    assert first.reads[(second_conv.name, 0)].pads == (1, 0)
+    assert first.reads[(first_conv.name, 0)].pads == (1, 0)
+    assert last.reads[(second_conv.name, 0)].pads == (0, 1)
+    assert second.reads[(first_conv.name, 0)].pads == (0, 0)
+
+
+def test_a_residual_block_closes_only_at_the_add(tmp_path: Path) -> None:
+    def block(b: NetBuilder) -> str:
+        x = b.op("Relu", b.conv("input", 4, 4))
+        return b.op("Add", x, b.conv(b.op("Relu", b.conv(x, 4, 4)), 4, 4))
+
+    graph = _graph(tmp_path, block)
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 16, set())
+    (group,) = units
+    assert [op.kind for op in group.ops] == ["conv2d", "conv2d", "conv2d", "eltwise"]
+    tile = next(iter(group.tiles(graph)))
+    x = group.ops[0].outputs[0]
+    assert tile.rows[x] == (0, 16)  # the add and the 3x3 conv read it; the union is kept
+    # a pinned tensor (a model output, a CPU operand) must reach gmem: no group may hide it
+    split = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 16, {x})
+    assert isinstance(split[0], type(graph.ops[0])) and split[0].outputs == [x]
+    assert isinstance(split[1], LayerGroup) and split[1].inputs == [x]
+
+
+def test_nothing_fits_leaves_plain_ops(tmp_path: Path) -> None:
+    graph = _graph(tmp_path, lambda b: b.conv(b.conv("input", 4, 8), 8, 8))
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 0, set())
+    assert units == graph.ops
+    units = form_groups(graph, graph.ops, lambda op: False, lambda g: 4, set())
+    assert units == graph.ops
