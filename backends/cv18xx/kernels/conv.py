@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
-from npuc.backends.cv18xx.kernels.tiling import Geometry, stream_rows
+from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
+
+Window = tiu.Window
 
 
 def geometry(op: Op, x: GTensor, y: GTensor, kh: int, kw: int) -> Geometry:
@@ -102,8 +104,12 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
     e = 2 if fmt == "bf16" else 1
     rec = 9 if params.has_bias else 5
     per_oc = g.kh * g.kw * ic * e + (4 * e if fmt == "bf16" else rec)
-    tile_oc = _oc_tile(cg, per_oc, oc)
     local = cg.local(op)
+    resident_oc = _input_resident_oc(cg, op, x, y, g, per_oc, rec)
+    if resident_oc:
+        _conv_input_resident(cg, op, x, y, w, params, oc_base, g, resident_oc)
+        return
+    tile_oc = _oc_tile(cg, per_oc, oc)
     for o0 in range(0, oc, tile_oc):
         o1 = min(oc, o0 + tile_oc)
         t = o1 - o0
@@ -122,6 +128,61 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
                 s.tiu(tiu.minimum(ly, ly, relu_max))
 
         stream_rows(cg, op, local, g, x, y.slice(c=(o0, o1)), compute)
+
+
+def _input_resident_oc(cg: Codegen, op: Op, x: GTensor, y: GTensor, g: Geometry, per_oc: int, rec: int) -> int:
+    """Output channels per tile when one batch item's whole input stays in local memory while the filters
+    stream past it; 0 when it does not fit, or when the filters fit at once (then no input row is loaded
+    twice anyway)."""
+    chip, fmt = cg.chip, x.fmt
+    oc, ic = y.shape[1], x.shape[1]
+    if x.shape[0] != 1 or _oc_tile(cg, per_oc, oc) >= oc:
+        return 0
+    free = chip.lmem_size - local_bytes(chip, (1, ic, g.ih, g.iw), fmt)
+    param_shape = (2, 1, 1, 1) if fmt == "bf16" else (1, 1, 1, rec)
+
+    def fits(blocks: int) -> bool:
+        t = min(oc, blocks * chip.lanes)
+        need = local_bytes(chip, (1, t, g.kh * g.kw, ic), fmt, False) + local_bytes(chip, (1, t, g.oh, g.ow), fmt)
+        need += local_bytes(chip, (param_shape[0], t, 1, param_shape[3]), fmt, False)
+        return need <= free
+
+    return min(oc, largest_fit(-(-oc // chip.lanes), fits) * chip.lanes)
+
+
+def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, oc_base: int,
+                         g: Geometry, tile_oc: int) -> None:  # fmt: skip
+    """Load the input once; per output-channel tile load its filters, convolve every row, store."""
+    s, fmt = cg.stream, x.fmt
+    relu, relu_max = fused_relu(op)
+    local = cg.local(op)
+    lx = local.tensor((1, x.shape[1], g.ih, g.iw), fmt)
+    dma.load(s, x, lx)
+    top = local.top
+    win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, (g.pads[0], _pad_bottom(g), g.pads[1], _pad_right(g)))
+    for o0 in range(0, y.shape[1], tile_oc):
+        o1 = min(y.shape[1], o0 + tile_oc)
+        local.reset(top)
+        lw = local.tensor((1, o1 - o0, g.kh * g.kw, x.shape[1]), fmt, eu_align=False)
+        dma.load(s, w.slice(c=(o0, o1)), lw)
+        lp = None
+        ptile = params.tile(oc_base + o0, oc_base + o1)
+        if ptile is not None:
+            lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
+            dma.load(s, ptile, lp)
+        ly = local.tensor((1, o1 - o0, g.oh, g.ow), fmt)
+        s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
+        if relu_max is not None:
+            s.tiu(tiu.minimum(ly, ly, relu_max))
+        dma.store(s, ly, y.slice(c=(o0, o1)))
+
+
+def _pad_bottom(g: Geometry) -> int:
+    return max(0, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1 - g.ih - g.pads[0])
+
+
+def _pad_right(g: Geometry) -> int:
+    return max(0, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - g.iw - g.pads[1])
 
 
 def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, g: Geometry) -> None:
