@@ -34,11 +34,11 @@ def _model(tmp_path: Path, body: Callable[[NetBuilder, str], str], name: str) ->
     return path
 
 
-def _build_and_compare(tmp_path: Path, path: Path, quant: str = "fp16", threshold: float = 0.9995):
+def _build_and_compare(tmp_path: Path, path: Path, quant: str = "fp16", threshold: float = 0.9995, **options):
     g = import_onnx(path)
     canonicalize(g)
     out = tmp_path / f"{path.stem}_{quant}"
-    get_target("dmp").build(BuildRequest(g, path, out, quant=quant, options={"name": "Net"}))
+    get_target("dmp").build(BuildRequest(g, path, out, quant=quant, options={"name": "Net", **options}))
     x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
     got = detect(out).run(out, {"input": x}, ArtifactOptions())["output"]
     ref = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
@@ -94,6 +94,11 @@ def test_two_conv_branches(tmp_path: Path) -> None:
     net, _ = _build_and_compare(tmp_path, _model(tmp_path, body, "two_branches"))
     assert len(net.layers) == 2 and net.layers[1].conv.topo == 0b11
     assert [r.p for r in net.layers[1].conv.runs] == [3, 5] and net.layers[1].output_dim == [12, 14, 24]
+    # an 8 KB unified buffer: each conv alone fits (2 tiles), but the merged command's single-tile peak is
+    # 8736 bytes, so the driver would refuse it and the branches stay separate layers with a free concat
+    small, _ = _build_and_compare(tmp_path / "small", _model(tmp_path, body, "two_branches"), ub_size=8192)
+    assert [layer.type for layer in small.layers] == ["LT_CONV", "LT_CONV", "LT_CONV", "LT_CONCAT"]
+    assert small.hardware["ub_size"] == 8192
 
 
 def test_free_concat_places_producers_side_by_side(tmp_path: Path) -> None:

@@ -147,3 +147,51 @@ def test_cli_option(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         main(["build", str(model), "--target", "dmp", "-o", str(tmp_path / "bad"), "--option", "convert=div_256"])
     assert info.value.code == 2 and not (tmp_path / "bad").exists()
+
+
+MEAN = np.array([123.675, 116.28, 103.53]).reshape(3, 1)
+CLI_CASES = [
+    (["--convert", "minus_127_5_div_128"], np.broadcast_to(FORMULAS["minus_127_5_div_128"], (3, 256)), 0),
+    (["--convert", "div_255", "--color", "bgr"], np.broadcast_to(FORMULAS["div_255"], (3, 256)), 1),
+    (["--convert", "direct", "--color", "rgb"], np.broadcast_to(FORMULAS["direct"], (3, 256)), 0),
+    (["--mean", "123.675,116.28,103.53", "--scale", "0.017"], (PIXELS - MEAN) * 0.017, 0),
+    (
+        ["--convert", "mean_scale", "--mean", "127.5", "--scale", "0.0078125"],
+        np.tile((PIXELS - 127.5) / 128, (3, 1)),
+        0,
+    ),
+]
+
+
+@pytest.mark.parametrize("args,rows,to_bgr", CLI_CASES, ids=["named", "bgr", "direct", "mean_scale", "one_mean"])
+def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.ndarray, to_bgr: int) -> None:
+    """`npuc build --target dmp --mean/--scale/--color/--convert`: the conv v1 table is the policy's formula."""
+    from npuc.compiler.cli import main
+    from npuc.models.make_models import make_all
+
+    model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(model), "--target", "dmp", "-o", str(out), "--name", "Net", *args])
+    assert info.value.code == 0
+    net, blob = load_network(out)
+    conf = net.layers[0].conv
+    table = blob[conf.u8tofp16_offs :]
+    assert len(table) == 6 * 256 and conf.to_bgr == to_bgr
+    assert table == np.ascontiguousarray(rows.astype(np.float16)).tobytes()
+    cpp = (out / "Net_gen.cpp").read_text()
+    assert f"conf_v1.u8tofp16_table.offs = {conf.u8tofp16_offs};" in cpp and f"conf_v1.to_bgr = {to_bgr};" in cpp
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--mean", "1,x"], ["--convert", "div_255", "--mean", "3"], ["--color", "bgr"], ["--convert", "div_256"]],
+)
+def test_cli_flag_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
+    from npuc.compiler.cli import main
+    from npuc.models.make_models import make_all
+
+    model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(model), "--target", "dmp", "-o", str(tmp_path / "bad"), *args])
+    assert info.value.code == 2 and not (tmp_path / "bad").exists()

@@ -12,6 +12,8 @@ import onnxruntime as ort
 import pytest
 from npuc.backends.dmp.artifact import load_network
 from npuc.backends.dmp.codegen import INCLUDE_DIR
+from npuc.backends.dmp.layers import kernel_wh
+from npuc.backends.dmp.validate import run_input_dims
 from npuc.compiler.artifacts import ArtifactOptions, detect
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.ir import Graph
@@ -51,6 +53,32 @@ def _expose(g: Graph, names: list[str]) -> None:
     for n in names:
         if n not in g.outputs:
             g.outputs.append(n)
+
+
+def _formula_size(m: int, c: int, k: int, quantized: bool, prelu: bool) -> int:
+    """The tool's `_get_weight_size` (spec §1.8), written out independently of the packer."""
+    cg = {7: c, 5: -(-c // 2), 3: -(-c // 8), 1: -(-c // 64)}[k]
+    blocks = 16 * -(-m // 8)
+    size = -(-(512 + 72 * m * cg + blocks) // 16) * 16 if quantized else 144 * m * cg + blocks
+    return size + (blocks if prelu else 0)
+
+
+def _assert_formula_sizes(net) -> int:
+    """Every conv run's weight size equals the size formula; returns how many runs were checked."""
+    checked = 0
+    for layer in net.layers:
+        for run, (_, _, c) in zip(
+            layer.conv.runs if layer.conv else [], run_input_dims(layer.conv) if layer.conv else []
+        ):
+            if run.conv_enable == 0:
+                assert run.weight_size == 0
+                continue
+            kw, kh = kernel_wh(run.p)
+            cg = 1 if run.conv_enable & 2 else c
+            expected = _formula_size(run.m, cg, max(kw, kh) | 1, run.weight_fmt == 3, run.actfunc == 4)
+            assert run.weight_size == expected, (layer.name, run.weight_size, expected)
+            checked += 1
+    return checked
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -98,6 +126,7 @@ def test_generated_cpp_compiles_and_is_deterministic(real_model, tmp_path: Path)
     runs = [r for layer in net.layers if layer.conv for r in layer.conv.runs if r.weight_size]
     assert [r.weight_offs for r in runs] == list(np.cumsum([0] + [r.weight_size for r in runs[:-1]]))
     assert [r.weight_fmt for r in runs] == [1, 1, 1, 1, 3, 3]
+    assert _assert_formula_sizes(net) == 6
     res = subprocess.run(
         ["g++", "-std=c++14", "-fsyntax-only", "-Wall", "-I", str(INCLUDE_DIR), str(tmp_path / "o0" / "RNet_gen.cpp")],
         capture_output=True,
@@ -113,6 +142,8 @@ def test_custom_layers_compile(real_model, tmp_path: Path) -> None:
     assert "struct custom_param_hard_sigmoid {\n  float alpha;\n  float beta;\n};" in header
     assert "struct custom_param_channel_mul {\n  size_t scale_offs;\n};" in header
     assert result.summary["layers"] == 70
+    net, _ = load_network(tmp_path / "o")
+    assert _assert_formula_sizes(net) == 33
     res = subprocess.run(
         ["g++", "-std=c++14", "-fsyntax-only", "-I", str(INCLUDE_DIR), str(result.artifacts[1])],
         capture_output=True,
@@ -152,6 +183,15 @@ def test_corrupt_folder_is_rejected(real_model, tmp_path: Path) -> None:
     out = tmp_path / "o"
     get_target("dmp").build(BuildRequest(_graph(path, "mtcnn_pnet"), path, out, options={"name": "P"}))
     feed = model_inputs("mtcnn_pnet", 1)[0]
+    table = out / "P_layers.json"
+    good = table.read_text()
+    table.write_text(good.replace('"ub_size": 655360', '"ub_size": 4096'))
+    with pytest.raises(UserError, match="4096-byte unified buffer"):  # the table is rechecked for its device
+        detect(out).run(out, feed, ArtifactOptions())
+    table.write_text(good.replace('"svn_version": 93', '"svn_version": "x"'))
+    with pytest.raises(UserError, match="option svn_version='x'"):
+        detect(out).run(out, feed, ArtifactOptions())
+    table.write_text(good)
     (out / "P_weights.bin").write_bytes((out / "P_weights.bin").read_bytes()[:-16])
     with pytest.raises(CorruptFileError, match="reserves"):
         detect(out).run(out, feed, ArtifactOptions())
@@ -162,3 +202,30 @@ def test_corrupt_folder_is_rejected(real_model, tmp_path: Path) -> None:
     table.write_text("{not json")
     with pytest.raises(CorruptFileError, match="not valid JSON"):
         load_network(out)
+
+
+def test_cli_build_run_inspect(real_model, tmp_path: Path, capsys) -> None:
+    """`npuc build --target dmp`, `npuc run OUTDIR --input x.npz` and `npuc inspect OUTDIR` end to end."""
+    from npuc.compiler.cli import main
+
+    path = real_model("mtcnn_pnet")
+    m = get_model("mtcnn_pnet")
+    feed = model_inputs("mtcnn_pnet", 1)[0]
+    shape = f"{m.input_name}:{','.join(map(str, m.input_shape))}"
+    out = tmp_path / "pnet"
+    for argv in (
+        ["build", str(path), "--target", "dmp", "-o", str(out), "--name", "PNet", "--input-shape", shape],
+        ["run", str(out), "--input", str(tmp_path / "x.npz"), "-o", str(tmp_path / "y.npz")],
+        ["inspect", str(out)],
+    ):
+        np.savez(tmp_path / "x.npz", **feed)
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 0, argv
+    ref = _reference(path, [], [feed])[0]
+    got = np.load(tmp_path / "y.npz")
+    assert sorted(got.files) == sorted(ref)
+    for name in ref:
+        assert _cos(got[name], ref[name]) >= 0.999, name
+    text = capsys.readouterr().out
+    assert "DMP DV700 network CPNet" in text and "LT_CONV" in text

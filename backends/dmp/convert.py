@@ -44,13 +44,14 @@ def input_convert(options: dict[str, Any]) -> dict[str, Any]:
     """The convert settings from the target options: {} for fp16 input, else policy, mean, scale, color."""
     if "convert" in options and "input_convert" in options and options["convert"] != options["input_convert"]:
         raise UserError("options convert and input_convert disagree; give only convert=POLICY")
-    policy = options.get("convert", options.get("input_convert", "none"))
+    custom = [k for k in ("mean", "scale") if k in options]
+    default = "mean_scale" if custom else "none"  # --mean/--scale alone describe the mean_scale policy
+    policy = options.get("convert", options.get("input_convert", default))
     if policy not in CHOICES:
         raise UserError(f"option convert='{policy}' is not a DMP convert policy; choose one of {', '.join(CHOICES)}")
     color = options.get("color", "rgb")
     if color not in ("rgb", "bgr"):
         raise UserError(f"option color='{color}' must be rgb or bgr")
-    custom = [k for k in ("mean", "scale") if k in options]
     if custom and policy != "mean_scale":
         raise UserError(f"option {custom[0]} only applies to convert=mean_scale, not convert={policy}")
     if policy == "none":

@@ -16,7 +16,8 @@ LAYER_TYPES = ("LT_INPUT", "LT_CONV", "LT_FC", "LT_FLATTEN", "LT_CONCAT", "LT_CO
 MAX_RUNS = 32
 
 # conv_enable / pool_enable / weight_fmt / actfunc codes (spec §1.3)
-CONV_OFF, CONV_ON, CONV_DEPTHWISE = 0, 1, 3
+CONV_OFF, CONV_ON, CONV_DEPTHWISE, CONV_DECONV, CONV_DEPTHWISE_DECONV = 0, 1, 3, 5, 7
+CONV_DW_BIT, CONV_DECONV_BIT = 2, 4  # conv_enable flag bits
 POOL_OFF, POOL_MAX, POOL_AVG, POOL_UPSAMPLE = 0, 1, 2, 4
 WFMT_NONE, WFMT_FP16, WFMT_8BIT = 0, 1, 3
 ACT_NONE, ACT_TANH, ACT_LEAKY, ACT_SIGMOID, ACT_PRELU, ACT_ELU, ACT_RELU6 = range(7)
@@ -57,7 +58,7 @@ class Field:
 
 RUN_FIELDS: tuple[Field, ...] = (
     Field("m", "uint16", "Output Channels"),
-    Field("conv_enable", "uint16", "0 = off, 1 = conv, 3 = depthwise"),
+    Field("conv_enable", "uint16", "0 = off, 1 = conv, 3 = depthwise, 5 = deconv, 7 = depthwise deconv"),
     Field("p", "uint16", "Filter Width [7:0] and Height [15:8] (0 = square)", True),
     Field("pz", "uint16", "Filter Depth"),
     Field("weight_fmt", "uint16", "Weight format (0 = none, 1 = fp16 stream, 3 = 8-bit quantized stream)"),
@@ -181,6 +182,7 @@ class Network:
     outputs: list[TensorBinding]
     weight_format: str  # "fp16" | "8bit"
     input_convert: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, int] = field(default_factory=dict)  # validate.Hardware fields the table was checked for
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .layers import (
     Run,
     TensorBinding,
 )
-from .validate import check_layer
+from .validate import Hardware, check_layer
 
 MEM_ALIGN = 16
 
@@ -74,6 +74,7 @@ class LayerRefs:
 class Lowering:
     graph: Graph
     quantized: bool
+    hw: Hardware = field(default_factory=Hardware)
     layers: list[Layer] = field(default_factory=list)
     refs: list[LayerRefs] = field(default_factory=list)
     values: dict[str, Value] = field(default_factory=dict)
@@ -143,14 +144,21 @@ def lowers(*kinds: str) -> Callable[[Handler], Handler]:
 
 
 def lower_graph(
-    graph: Graph, *, name: str, quantized: bool, input_convert: dict[str, Any] | None = None
+    graph: Graph,
+    *,
+    name: str,
+    quantized: bool,
+    input_convert: dict[str, Any] | None = None,
+    hardware: Hardware | None = None,
 ) -> tuple[Network, bytes]:
-    """The layer table and the packed weights file of `graph` (a canonical float IR graph)."""
+    """The layer table and the packed weights file of `graph` (a canonical float IR graph), checked against
+    the driver rules for `hardware` (default: the DV700 limits)."""
     from . import lower_concat, lower_cpu, lower_ops, lower_pool  # noqa: F401  (register the op handlers)
 
     if len(graph.inputs) != 1:
         raise UserError(f"DMP networks have one input; this model has {len(graph.inputs)}: {graph.inputs}")
-    ctx = Lowering(graph, quantized)
+    hw = hardware or Hardware()
+    ctx = Lowering(graph, quantized, hw)
     in_name = graph.inputs[0]
     shape = graph.shape(in_name)
     if len(shape) != 4 or shape[0] != 1:
@@ -186,7 +194,7 @@ def lower_graph(
         if layer.conv is not None and refs.eltwise is not None:
             layer.conv.eltwise_offs = offsets[refs.eltwise]
         layer.custom_params.update({k: offsets[b] for k, b in refs.params.items()})
-        check_layer(i, layer)
+        check_layer(i, layer, hw)
     inputs = [
         TensorBinding(
             in_name,
@@ -209,6 +217,7 @@ def lower_graph(
         outputs=[b for b, _ in outputs],
         weight_format="8bit" if quantized else "fp16",
         input_convert=convert,
+        hardware=dict(vars(hw)),
     )
     return net, blob + table
 

@@ -3,7 +3,8 @@
 1. branches: every input is a chain of at most two single-run conv layers reading one shared tensor, each
    branch with C % 8 == 0 → the chains become ONE conv layer with several runs. A run whose topo bit is set
    writes its branch to the output buffer (branches adjacent, in run order) and the next run starts again
-   from the layer input; a run whose bit is clear feeds the next run through the UBUF.
+   from the layer input; a run whose bit is clear feeds the next run through the UBUF. The merge is kept
+   only if the merged command passes every driver rule (one tile per UBUF-kept run, single-tile peak).
 2. LT_CONCAT: every input but the last has C % 8 == 0 and a 16-byte-aligned size → the producers write
    adjacent regions of the concat's buffer (the allocator places them there) and the layer does nothing.
 3. LT_COPY_CONCAT otherwise: a CPU copy that re-chunks the inputs into one FPGA-layout tensor.
@@ -15,12 +16,12 @@ import numpy as np
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
-from .layers import MAX_RUNS, ConvConf, Layer
+from .layers import CONV_DECONV_BIT, MAX_RUNS, ConvConf, Layer
 from .lower import Lowering, Value, lowers
+from .validate import check_layer
 
 BRANCH_DEPTH = 2  # the tool merges branches of at most two layers
 CHANNEL_BLOCK = 8
-UBUF_BYTES = 640 * 1024  # the tool's default MAX_UNIFIED_BUFFER_SIZE
 
 
 @lowers("concat")
@@ -66,7 +67,8 @@ def _mergeable(layer: Layer) -> bool:
     if layer.type != "LT_CONV" or conf is None or len(conf.runs) != 1 or conf.topo != 1:
         return False
     run = conf.runs[0]
-    return conf.output_mode == 0 and run.conv_dilation == 0 and not run.lrn & 1 and conf.u8tofp16_offs is None
+    plain = run.conv_dilation == 0 and not run.lrn & 1 and not run.conv_enable & CONV_DECONV_BIT
+    return conf.output_mode == 0 and plain and conf.u8tofp16_offs is None
 
 
 def _chain(ctx: Lowering, value: Value, source: int | None) -> list[int] | None:
@@ -97,7 +99,7 @@ def _branches(ctx: Lowering, op: Op, srcs: list[Value]) -> tuple[int, list[list[
             continue
         if len({tuple(ctx.layers[c[0]].input_dim) for c in chains}) != 1:
             continue
-        if not _fits_ubuf([ctx.layers[i] for i in layers]):
+        if not _driver_accepts(ctx, chains):
             continue
         private = all(
             _private(ctx, ctx.refs[a].output, lowered, [b]) for c in chains for a, b in zip(c, c[1:])
@@ -107,12 +109,23 @@ def _branches(ctx: Lowering, op: Op, srcs: list[Value]) -> tuple[int, list[list[
     return None
 
 
-def _fits_ubuf(layers: list[Layer]) -> bool:
-    """npuc's conservative bound for a multi-run layer (whose runs must each use one tile): the whole input
-    plus the largest run output, in fp16, fit the default 640 KB unified buffer. The driver's exact usage
-    formula is not in the spec, so this errs on the side of separate layers."""
-    largest = max(int(np.prod(layer.output_dim)) for layer in layers)
-    return 2 * (int(np.prod(layers[0].input_dim)) + largest) <= UBUF_BYTES
+def _topo(chains: list[list[int]]) -> int:
+    """One topo bit per branch, at the branch's last run (that run writes to memory)."""
+    ends = np.cumsum([len(c) for c in chains]) - 1
+    return sum(1 << int(e) for e in ends)
+
+
+def _driver_accepts(ctx: Lowering, chains: list[list[int]]) -> bool:
+    """True if the merged multi-run command passes every driver rule: each run kept in the UBUF fits one
+    tile and the whole command's single-tile UBUF peak fits the device's unified buffer."""
+    runs = [ctx.layers[i].conv.runs[0] for c in chains for i in c]
+    w, h, c = ctx.layers[chains[0][0]].input_dim
+    probe = Layer("probe", "LT_CONV", 0, 0, 0, [], [], conv=ConvConf(w=w, h=h, c=c, runs=runs, topo=_topo(chains)))
+    try:
+        check_layer(0, probe, ctx.hw)
+    except UserError:
+        return False
+    return True
 
 
 def _merge_branches(ctx: Lowering, op: Op, srcs: list[Value]) -> bool:
@@ -127,10 +140,7 @@ def _merge_branches(ctx: Lowering, op: Op, srcs: list[Value]) -> bool:
     _drop_layers(ctx, layers)
     src_value = next(v for v in ctx.values.values() if v.buf == source)
     src = Value(source, tuple(first_layer.input_dim), src_value.layout, src_value.dtype, "nchw", None, src_value.layer)
-    topo, position = 0, -1
-    for c in chains:
-        position += len(c)
-        topo |= 1 << position
+    topo = _topo(chains)
     w, h, _ = srcs[0].dims
     dims = (w, h, sum(s.dims[2] for s in srcs))
     conf = ConvConf(w=src.dims[0], h=src.dims[1], c=src.dims[2], runs=runs, topo=topo)

@@ -17,7 +17,9 @@ from .layers import (
     ACT_RELU6,
     ACT_SIGMOID,
     ACT_TANH,
+    CONV_DECONV,
     CONV_DEPTHWISE,
+    CONV_DEPTHWISE_DECONV,
     CONV_OFF,
     CONV_ON,
     POOL_AVG,
@@ -219,6 +221,54 @@ def lower_conv(ctx: Lowering, op: Op) -> None:
     rw = RunWeights(np.asarray(weight, np.float32), np.asarray(bias, np.float32).reshape(m).copy(), dilated=dilated)
     if a.act is not None and not _try_act(run, a.act):
         raise UserError(f"conv '{op.name}' carries activation {a.act.kind}, which DV700 conv runs cannot apply")
+    _single_run_layer(ctx, op, src, run, rw)
+
+
+@lowers("conv_transpose2d")
+def lower_deconv(ctx: Lowering, op: Op) -> None:
+    """ConvTranspose as a DV700 deconv run: the HW spreads the input by the stride and runs a stride-1 conv
+    with pads k-1-pad (output_padding added at the right and bottom) over the 180°-rotated kernel (spec §1.8,
+    §1.11); the rotated (M, C, kh, kw) kernel is what gets packed."""
+    a = op.attrs
+    src = _whc8_input(ctx, op)
+    weight = ctx.const(op.inputs[1])
+    if weight is None:
+        raise UserError(f"deconv '{op.name}' has non-constant weights; DV700 needs them in the weights file")
+    c, mg, kh, kw = weight.shape
+    m = mg * a.group
+    bias = ctx.const(op.inputs[2]) if len(op.inputs) > 2 else np.zeros(m, np.float32)
+    if bias is None:
+        raise UserError(f"deconv '{op.name}' has a non-constant bias; fold it or make it an initializer")
+    rotated = np.asarray(weight, np.float32)[:, :, ::-1, ::-1]
+    if a.group == 1:
+        mode, kernel = CONV_DECONV, rotated.transpose(1, 0, 2, 3)
+    elif a.group == c == m:
+        mode, kernel = CONV_DEPTHWISE_DECONV, rotated
+    else:
+        raise UserError(f"deconv '{op.name}' has group={a.group} (C={c}, M={m}); DV700 runs plain and depthwise only")
+    if a.dilations != (1, 1) or max(kh, kw) > MAX_KERNEL:
+        raise UserError(
+            f"deconv '{op.name}': kernel {kh}x{kw} dilation {list(a.dilations)}; npuc lowers undilated DV700 "
+            f"deconvolutions with kernels up to {MAX_KERNEL}x{MAX_KERNEL}"
+        )
+    top, left, bottom, right = a.pads
+    oph, opw = a.output_padding
+    hw_pads = (kw - 1 - left, kw - 1 - right + opw, kh - 1 - top, kh - 1 - bottom + oph)
+    if min(hw_pads) < 0 or max(hw_pads) > 127:
+        raise UserError(
+            f"deconv '{op.name}': pads {list(a.pads)} with a {kh}x{kw} kernel need HW pads {list(hw_pads)}, "
+            "outside 0..127; crop the output with a separate slice instead"
+        )
+    run = Run(
+        m=m,
+        conv_enable=mode,
+        p=kw if kw == kh else pack2(kw, kh),
+        conv_pad=pack4(*hw_pads),
+        conv_stride=pack2(a.strides[1], a.strides[0]),
+    )
+    rw = RunWeights(np.ascontiguousarray(kernel), np.asarray(bias, np.float32).reshape(m).copy())
+    if a.act is not None and not _try_act(run, a.act):
+        raise UserError(f"deconv '{op.name}' carries activation {a.act.kind}, which DV700 runs cannot apply")
     _single_run_layer(ctx, op, src, run, rw)
 
 

@@ -23,7 +23,8 @@ from .layers import (
     ACT_RELU6,
     ACT_SIGMOID,
     ACT_TANH,
-    CONV_DEPTHWISE,
+    CONV_DECONV_BIT,
+    CONV_DW_BIT,
     CONV_OFF,
     POOL_AVG,
     POOL_MAX,
@@ -38,7 +39,7 @@ from .layers import (
     unpack4,
 )
 from .layout import whc8_decode, whc8_encode
-from .validate import check_layer, layer_output_dims, run_input_dims, run_output_dims
+from .validate import check_layer, hardware_from_options, layer_output_dims, run_input_dims, run_output_dims
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -81,7 +82,7 @@ class Memory:
 
 def _run_weights(run: Run, c: int, blob: np.ndarray) -> wpack.PackedConv:
     kw, kh = kernel_wh(run.p)
-    cg = 1 if run.conv_enable == CONV_DEPTHWISE else c
+    cg = 1 if run.conv_enable & CONV_DW_BIT else c
     if run.weight_offs + run.weight_size > blob.size or run.weight_offs % 16:
         raise CorruptFileError(
             f"run weights at offset {run.weight_offs} (+{run.weight_size}) are outside the {blob.size}-byte "
@@ -121,6 +122,14 @@ def _pool(x: np.ndarray, run: Run) -> np.ndarray:
     return total * np.float32(np.uint16(run.pool_avg_param).view(np.float16))
 
 
+def _spread(x: np.ndarray, sx: int, sy: int) -> np.ndarray:
+    """x with (stride - 1) zeros inserted between neighbouring pixels, as a deconvolution reads it."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, (h - 1) * sy + 1, (w - 1) * sx + 1), x.dtype)
+    out[:, :, ::sy, ::sx] = x
+    return out
+
+
 def execute_run(x: np.ndarray, run: Run, blob: np.ndarray, eltwise: np.ndarray | None) -> np.ndarray:
     """One run on an NCHW float32 array (fp16 values)."""
     packed = None
@@ -131,7 +140,9 @@ def execute_run(x: np.ndarray, run: Run, blob: np.ndarray, eltwise: np.ndarray |
         sx, sy = unpack2(run.conv_stride)
         dx, dy = unpack2(run.conv_dilation) if run.conv_dilation else (1, 1)
         left, right, top, bottom = unpack4(run.conv_pad)
-        group = c if run.conv_enable == CONV_DEPTHWISE else 1
+        group = c if run.conv_enable & CONV_DW_BIT else 1
+        if run.conv_enable & CONV_DECONV_BIT:  # stride spreads the input (zeros between pixels); conv at stride 1
+            x, sx, sy = _spread(x, sx, sy), 1, 1
         x = conv2d_nchw(x, packed.weight, (sy, sx), (top, left, bottom, right), (dy, dx), group)
         x = _f16(x + packed.bias.reshape(1, -1, 1, 1))
     if eltwise is not None:
@@ -318,8 +329,11 @@ def run_network(net: Network, blob: bytes, feeds: dict[str, np.ndarray]) -> dict
             f"weights file has {weights.size} bytes but the layer table reserves {net.weights_size}; "
             "the .bin and the table do not belong together"
         )
+    if not isinstance(net.hardware, dict):
+        raise CorruptFileError(f"layer table field 'hardware' is {net.hardware!r}, not an object; regenerate it")
+    hw = hardware_from_options(net.hardware)
     for i, layer in enumerate(net.layers):
-        check_layer(i, layer)
+        check_layer(i, layer, hw)
     mem = Memory(net.io_size)
     for binding in net.inputs:
         if binding.name not in feeds:

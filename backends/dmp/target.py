@@ -6,8 +6,12 @@ Options read from `request.options` (all optional; `npuc build --option KEY=VALU
   uint8 pixels and the first conv's v1 command converts them through a 6x256-byte u8→fp16 table:
   "none" (fp16 input, the default), "div_255" (x/255), "minus_128" (x-128), "minus_128_div_128"
   ((x-128)/128), "minus_127_5_div_128" ((x-127.5)/128), "direct" (x), or "mean_scale" ((x-mean)*scale);
-- `mean`, `scale`: one or three numbers, for "mean_scale" only; `color`: "rgb" (default) or "bgr" (sets
-  to_bgr: the table is applied to the channels in reverse order).
+- `mean`, `scale`: one or three numbers (`npuc build --mean/--scale`); given without `convert` they select
+  "mean_scale"; the named policies fix their own formula. `color` (`--color`): "rgb" (default) or "bgr"
+  (sets to_bgr: the table is applied to the channels in reverse order);
+- `ub_size` (bytes, default 655360) and `svn_version` (default 93) of the device: every conv command is
+  checked against the driver's rules for them (unified buffer tiles; non-square pooling and wide dilated
+  padding need svn_version >= 93).
 `request.quant`: "fp16" (default) or "8bit" (one 255-cluster fp16 LUT per layer; PReLU layers stay fp16).
 """
 
@@ -19,6 +23,7 @@ from npuc.compiler.targets import BuildRequest, BuildResult, Target, register_ta
 from .codegen import c_identifier, write_output
 from .convert import input_convert
 from .lower import lower_graph
+from .validate import hardware_from_options
 
 WEIGHT_FORMATS = {"fp16": False, "8bit": True}
 
@@ -29,7 +34,10 @@ def build(request: BuildRequest) -> BuildResult:
         raise UserError(f"--quant {quant} is not a DMP weight format; choose fp16 or 8bit")
     name = c_identifier(request.options.get("name") or request.model_path.stem)
     convert = input_convert(request.options)
-    net, blob = lower_graph(request.graph, name=name, quantized=WEIGHT_FORMATS[quant], input_convert=convert)
+    hardware = hardware_from_options(request.options)
+    net, blob = lower_graph(
+        request.graph, name=name, quantized=WEIGHT_FORMATS[quant], input_convert=convert, hardware=hardware
+    )
     if convert.get("color") == "bgr":
         net.layers[0].conv.to_bgr = 1
     files = write_output(request.output, net, blob, request.model_path.name)
@@ -48,10 +56,11 @@ register_target(
         chips=("dv700",),
         number_formats=("fp16", "8bit"),
         artifact="folder: <NET>_gen.h/.cpp (C<NET> : CDMP_Network), <NET>_weights.bin, <NET>_layers.json",
-        status="builds conv/depthwise/dilated/pool/add/FC/softmax/concat networks (branches into a concat as one "
-        "multi-run layer; CPU custom layers for hard-swish, hard-sigmoid, channel mul) into compilable C++ and "
-        "vendor-packed fp16 or 8-bit LUT weights, with the u8→fp16 input convert policies; runs in npuc's fp16 "
-        "simulator; not checked on DV700 hardware",
+        status="builds conv/depthwise/dilated/deconv/pool/add/FC/softmax/concat networks (branches into a concat "
+        "as one multi-run layer; CPU custom layers for hard-swish, hard-sigmoid, channel mul) into compilable C++ "
+        "and vendor-packed fp16 or 8-bit LUT weights, with the u8→fp16 input convert policies, every command "
+        "checked against the driver's rules (unified buffer included); runs in npuc's fp16 simulator; LRN not "
+        "lowered; not checked on DV700 hardware",
         build=build,
     )
 )
