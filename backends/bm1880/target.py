@@ -1,6 +1,13 @@
 """The bm1880 target (Bitmain BM1880, BMNNSDK v1)."""
 
-from npuc.compiler.targets import Target, register_target
+from npuc.compiler.targets import BuildRequest, BuildResult, Target, register_target
+
+
+def _build(request: BuildRequest) -> BuildResult:
+    from .build import build
+
+    return build(request)
+
 
 register_target(
     Target(
@@ -9,9 +16,12 @@ register_target(
         number_formats=("int8 (per-layer power-of-two shift, BMNet rules)",),
         artifact=".bmodel (protobuf + BMKernel cmdbuf)",
         status=(
-            "reads and inspects all three bmodel containers and decodes every command buffer (--disasm); "
-            "BMNet calibration tables read and write; npuc run simulates bmodels from their bytes; "
-            "code generation is not implemented yet"
+            "builds int8 .bmodels (conv incl. depthwise/grouped, max/avg pool, FC, eltwise add/max, "
+            "ReLU/LeakyReLU/PReLU, concat, reshape; one command per input shape; --opt none|layer-group|"
+            "layer-group-weight) from a cali_table or BMNet table; reads/inspects all three containers and "
+            "simulates bmodels from their bytes; softmax/output transposes are left to the host and other ops "
+            "(e.g. ELU, sigmoid, resize) are rejected"
         ),
+        build=_build,
     )
 )

@@ -28,6 +28,14 @@ def _parse_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def _parse_numbers(text: str, flag: str) -> list[float]:
+    """'127.5' or '123.675,116.28,103.53' as a list of floats (one value or one per channel)."""
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UserError(f"bad {flag} '{text}': give a number or comma-separated numbers, e.g. {flag} 127.5") from None
+
+
 def _shape_sets(specs: list[str]) -> list[dict[str, tuple[int, ...]]]:
     """Repeated --input-shape values for the same input start a new set (one per resolution)."""
     sets: list[dict[str, tuple[int, ...]]] = []
@@ -74,10 +82,16 @@ def register(app: typer.Typer) -> None:
         chip: str = typer.Option(None, "--chip", help="Chip of the target family."),
         quant: str = typer.Option(None, "--quant", help="Number format (target-specific, e.g. int8, bf16, fp16)."),
         calib: Path = typer.Option(None, "--calib", help="Calibration table (tpu-mlir cali_table)."),
+        weights: Path = typer.Option(None, "--weights", help="Caffe weights (.caffemodel) for a .prototxt MODEL."),
+        opt: str = typer.Option(None, "--opt", help="bm1880 layer groups: none, layer-group, layer-group-weight."),
         input_shape: list[str] = typer.Option(
             [], "--input-shape", help="NAME:D0,D1,...; repeat an input for several resolutions."
         ),
         name: str = typer.Option(None, "--name", help="Network name in generated sources."),
+        mean: str = typer.Option(None, "--mean", help="Input mean: one number or R,G,B (targets that convert)."),
+        scale: str = typer.Option(None, "--scale", help="Input scale: one number or R,G,B, applied after --mean."),
+        color: str = typer.Option(None, "--color", help="Channel order of the runtime input: rgb or bgr."),
+        convert: str = typer.Option(None, "--convert", help="Input convert policy (dmp: div_255, minus_128, ...)."),
         input_dtype: str = typer.Option(None, "--input-dtype", help="Data type the runtime is fed."),
         delegate: bool = typer.Option(False, "--delegate", help="Emit a vendor build script instead (lyngor)."),
         float_layers: str = typer.Option(
@@ -109,6 +123,12 @@ def register(app: typer.Typer) -> None:
         options: dict[str, Any] = dict(_parse_option(o) for o in option)
         if name is not None:
             options["name"] = name
+        for key, text in (("mean", mean), ("scale", scale)):
+            if text is not None:
+                options[key] = _parse_numbers(text, f"--{key}")
+        for key, text in (("color", color), ("convert", convert)):
+            if text is not None:
+                options[key] = text
         if input_dtype is not None:
             options["input_dtype"] = input_dtype
         if delegate:
@@ -126,7 +146,16 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"calibration table not found: {calib}; check the path")
 
         notes: list[str] = []
-        graph = import_onnx(model, shape_sets[0] if shape_sets else None, notes)
+        if opt is not None:
+            options["opt"] = opt
+        if model.suffix.lower() == ".prototxt":
+            from npuc.frontends.caffe import import_caffe
+
+            if weights is not None:
+                options["weights"] = str(weights)
+            graph = import_caffe(model, weights, shape_sets[0] if shape_sets else None, notes)
+        else:
+            graph = import_onnx(model, shape_sets[0] if shape_sets else None, notes)
         canonicalize(graph)
         if hb is not None:
             hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})

@@ -1,0 +1,172 @@
+"""`npuc build --target bm1880`: float IR + thresholds -> int8 layers -> BMKernel cmdbuf -> `.bmodel`.
+
+One `Command` per input-shape set (each with its own cmdbuf, neuron area and offsets); all commands share
+one weight blob. The input is NCHW int8 at neuron offset 0 with its threshold; outputs carry theirs.
+
+Options read from `request.options`:
+- `opt`: "none" | "layer-group" (default) | "layer-group-weight" (BMNet's BM_OPT_NONE / LAYER_GROUP /
+  LAYER_GROUP_WITH_WEIGHT_OPT, specs/bm1880.md §4.1);
+- `input_shapes_list`: list of {input name: shape} (repeated --input-shape), one command each;
+- `weights`: the .caffemodel of a Caffe MODEL (a .prototxt), needed to re-import it per shape;
+- `name`: the bmodel's net name (default: the graph's).
+`request.calib_table`: a tpu-mlir cali_table or a BMNet calibration table (.pb2 binary or text prototxt).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_bytes
+from npuc.compiler.ir import Graph
+from npuc.compiler.targets import BuildRequest, BuildResult
+
+from .cmdbuf import encode_cmdbuf
+from .codegen import OPT_LEVELS, Program, WeightBlob, form_groups, plan_neurons
+from .container import CHIP_BM1880, FMT_I8, BModel, Command, TensorInfo, write_bmodel
+from .quantize import LoweredNet, load_thresholds, lower
+
+DEFAULT_OPT = "layer-group"
+
+
+@dataclass(frozen=True)
+class CommandStats:
+    """What one command costs: cmdbuf size, neuron area, DDR bytes moved by its GDMAs."""
+
+    shape: tuple[int, ...]
+    cmdbuf_bytes: int
+    neuron_size: int
+    ddr_bytes: int
+    groups: int
+
+
+def compile_command(net: LoweredNet, blob: WeightBlob, opt: str) -> tuple[Command, CommandStats]:
+    """One command: layer groups, neuron plan and cmdbuf for a lowered net."""
+    groups = form_groups(net, opt)
+    offsets, neuron_size = plan_neurons(net, groups)
+    program = Program(net, blob, offsets)
+    for group in groups:
+        program.run_group(group)
+    cmdbuf = encode_cmdbuf(program.em.instructions)
+
+    def info(name: str, label: str, shape: tuple[int, ...]) -> TensorInfo:
+        return TensorInfo(label, shape, offsets[net.storage[name]], net.thresholds[name])
+
+    inputs = tuple(info(n, "", net.shapes[n]) for n in net.inputs)
+    outputs = tuple(info(n, n, net.ir_shapes[n]) for n in net.outputs)
+    command = Command(inputs, outputs, cmdbuf, max(neuron_size, 1))
+    stats = CommandStats(inputs[0].shape if inputs else (), len(cmdbuf), command.neuron_size, program.em.ddr_bytes,
+                         len(groups))  # fmt: skip
+    return command, stats
+
+
+def compile_bmodel(
+    graphs: list[Graph], table: dict[str, float], table_names: dict[str, str] | None, opt: str, name: str
+) -> tuple[BModel, list[CommandStats], list[str]]:
+    """The bmodel of one float graph per input shape (graphs are not modified)."""
+    if opt not in OPT_LEVELS:
+        raise UserError(f"--opt {opt!r} is not one of {', '.join(OPT_LEVELS)}")
+    blob = WeightBlob()
+    commands, stats, notes = [], [], []
+    seen: set[tuple[int, ...]] = set()
+    for graph in graphs:
+        net = lower(copy.deepcopy(graph), table, table_names)
+        command, st = compile_command(net, blob, opt)
+        if st.shape in seen:
+            raise UserError(f"input shape {'x'.join(map(str, st.shape))} is given twice; give each shape once")
+        seen.add(st.shape)
+        commands.append(command)
+        stats.append(st)
+        notes = net.notes
+    model = BModel(name, CHIP_BM1880, FMT_I8, tuple(commands), (bytes(blob.data),))
+    return model, stats, notes
+
+
+def _reimport(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> Graph:
+    from npuc.passes.canonicalize import canonicalize
+
+    path = request.model_path
+    if path.suffix.lower() == ".prototxt":
+        from npuc.frontends.caffe import import_caffe
+
+        weights = request.options.get("weights")
+        graph = import_caffe(path, Path(weights) if weights else None, shapes)
+    else:
+        from npuc.frontends.onnx import import_onnx
+
+        graph = import_onnx(path, shapes)
+    canonicalize(graph)
+    return graph
+
+
+def graphs_per_shape(request: BuildRequest) -> list[Graph]:
+    """The request's graph, and one re-imported graph per further --input-shape set."""
+    sets = request.options.get("input_shapes_list") or []
+    graphs = []
+    for shapes in sets or [None]:
+        same = shapes is None or all(
+            n in request.graph.tensors and _matches_shape(request.graph, n, s) for n, s in shapes.items()
+        )
+        graphs.append(request.graph if same else _reimport(request, dict(shapes)))
+    return graphs
+
+
+def _matches_shape(graph: Graph, name: str, shape) -> bool:
+    layout = graph.input_layouts.get(name, "nchw")
+    ir = graph.tensors[name].shape
+    user = (ir[0], ir[2], ir[3], ir[1]) if layout == "nhwc" and len(ir) == 4 else ir
+    return tuple(user) == tuple(shape)
+
+
+def source_table_names(request: BuildRequest) -> dict[str, str] | None:
+    if request.model_path.suffix.lower() != ".onnx" or not request.model_path.is_file():
+        return None
+    from npuc.passes.calibrate import tensor_table_names
+
+    return tensor_table_names(onnx.load(str(request.model_path), load_external_data=False))
+
+
+def build(request: BuildRequest) -> BuildResult:
+    """Compile and write the .bmodel atomically; the summary has sizes and DDR traffic per command."""
+    start = time.perf_counter()
+    if request.quant not in (None, "int8"):
+        raise UserError(f"--quant {request.quant} is not a bm1880 number format; BM1880 runs int8 only")
+    if request.chip not in (None, "bm1880"):
+        raise UserError(f"--chip {request.chip} is not a bm1880 chip; use --chip bm1880 or leave it out")
+    if request.calib_table is None:
+        raise UserError(
+            "a bm1880 build needs thresholds: pass --calib TABLE (a tpu-mlir cali_table from `npuc calibrate`, "
+            "or a BMNet calibration .pb2/.prototxt)"
+        )
+    opt = str(request.options.get("opt", DEFAULT_OPT))
+    table = load_thresholds(request.calib_table)
+    graphs = graphs_per_shape(request)
+    name = str(request.options.get("name") or request.graph.name)
+    model, stats, notes = compile_bmodel(graphs, table, source_table_names(request), opt, name)
+    data = write_bmodel(model)
+    output = Path(request.output)
+    atomic_write_bytes(output, data)
+    summary: dict[str, Any] = {
+        "opt": opt,
+        "bytes": len(data),
+        "weight_bytes": len(model.weights[0]),
+        "commands": [
+            {
+                "shape": "x".join(map(str, s.shape)),
+                "cmdbuf": s.cmdbuf_bytes,
+                "neuron_size": s.neuron_size,
+                "ddr_bytes": s.ddr_bytes,
+                "groups": s.groups,
+            }
+            for s in stats
+        ],  # fmt: skip
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    if notes:
+        summary["notes"] = notes
+    return BuildResult([output], summary)

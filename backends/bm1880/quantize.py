@@ -1,0 +1,437 @@
+"""Lower the canonicalized float IR + calibration thresholds to BM1880 int8 layers (BMNet per-layer shift).
+
+Every activation is int8 with one symmetric threshold T (`q = round(x·128/T)`, specs/bm1880.md §3.2). Each
+IR op becomes one or more `Layer` records with the integer parameters the kernels need:
+conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`fixedpoint.bm1880_quantize_layer`);
+pooling and concat: an 8-bit requant multiplier and shift; eltwise: one multiplier per input and a common
+shift; ReLU/LeakyReLU/PReLU: gt/le scales and shifts. Reshape/flatten become aliases of their input's bytes.
+Trailing layout transposes and softmax (what BMNet leaves to the host) are dropped from the outputs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from npuc.compiler import ops
+from npuc.compiler.errors import UnsupportedError, UserError
+from npuc.compiler.ir import Graph, Op
+from npuc.passes import fixedpoint as fp
+
+Shape4 = tuple[int, int, int, int]
+HOST_TAIL_KINDS = ("transpose", "softmax")
+MAX_PAD = 15  # 4-bit pad and stride fields of the BD (specs/bm1880.md §2.5)
+
+
+@dataclass
+class Layer:
+    """One BM1880 kernel invocation over int8 tensors (4-D views) with its integer parameters."""
+
+    name: str
+    kind: str  # conv | dwconv | pool | act | eltwise | concat
+    inputs: tuple[str, ...]
+    output: str
+    mode: str = ""  # pool: max/avg; act: relu/leaky/prelu; eltwise: add/max
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
+    dilations: tuple[int, int] = (1, 1)
+    weight: np.ndarray | None = None  # int8: conv (oc, ic, kh, kw), dwconv (c, kh, kw), prelu slopes (c,)
+    bias: np.ndarray | None = None  # int16 (oc,)
+    rshift: int = 0
+    relu: bool = False
+    multipliers: tuple[int, ...] = ()  # pool/concat/eltwise: per input; act: (gt_scale, le_scale)
+    shifts: tuple[int, ...] = ()  # concat: per input; act: (gt_shift, le_shift)
+
+
+@dataclass
+class LoweredNet:
+    """The int8 network: tensors (4-D view, threshold, gmem storage owner) and layers in program order."""
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    shapes: dict[str, Shape4]
+    thresholds: dict[str, float]
+    storage: dict[str, str]  # tensor -> the tensor whose gmem bytes it is (itself, or a reshape's source)
+    ir_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the graph's own shapes
+    layers: list[Layer] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def as_4d(shape: tuple[int, ...], where: str) -> Shape4:
+    """The NCHW view of an activation: (N,K) -> (N,K,1,1), (N,C,L) -> (N,C,1,L), (K,) -> (1,K,1,1)."""
+    views = {1: lambda s: (1, s[0], 1, 1), 2: lambda s: (s[0], s[1], 1, 1), 3: lambda s: (s[0], s[1], 1, s[2])}
+    if len(shape) == 4:
+        return tuple(int(d) for d in shape)
+    if len(shape) in views:
+        return tuple(int(d) for d in views[len(shape)](shape))
+    raise UnsupportedError(f"{where}: tensor of rank {len(shape)} has no BM1880 NCHW layout; reshape it to 4-D")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# thresholds
+
+
+_SUFFIX = re.compile(r"_\d+$")
+
+
+def threshold_for(name: str, table: dict[str, float], table_names: dict[str, str] | None) -> float | None:
+    """A tensor's threshold: its own row, its tpu-mlir row name, or (BMNet/Caffe tables) the name without
+    the `_<n>` suffix ONNX exporters append to Caffe blob names."""
+    for key in (name, (table_names or {}).get(name), _SUFFIX.sub("", name)):
+        if key and key in table and table[key] > 0:
+            return float(np.float32(table[key]))
+    return None
+
+
+def load_thresholds(path: Path) -> dict[str, float]:
+    """Thresholds by name from a tpu-mlir cali_table or a BMNet calibration table (.pb2 or text)."""
+    from npuc.passes.calitable import read_table
+
+    from .calibration import blob_thresholds, load_calibration
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"calibration table not found: {path}; check the --calib path")
+    head = path.read_bytes()[:4096]
+    text = head.decode("utf-8", "replace")
+    if path.suffix.lower() == ".pb2" or "\0" in text or re.search(r"^\s*layer\s*\{", text, re.M):
+        msg = load_calibration(path, "text" if re.search(r"^\s*layer\s*\{", text, re.M) else "binary")
+        table = {layer.name: float(layer.threshold_y[0]) for layer in msg.layer if layer.threshold_y}
+        table.update(blob_thresholds(msg))
+        return table
+    return read_table(path).thresholds()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# graph preparation
+
+
+def strip_host_tail(graph: Graph) -> list[str]:
+    """Drop output transposes/softmax (run on the host, as BMNet does); returns the dropped op names."""
+    dropped: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        producers, consumers = graph.producers(), graph.consumers()
+        for out in list(graph.outputs):
+            op = producers.get(out)
+            if op is None or op.kind not in HOST_TAIL_KINDS or consumers.get(out):
+                continue
+            src = op.inputs[0]
+            graph.outputs = [src if o == out else o for o in graph.outputs]
+            graph.remove_op(op)
+            dropped.append(f"{op.name} ({op.kind})")
+            changed = True
+    graph.outputs = list(dict.fromkeys(graph.outputs))
+    return dropped
+
+
+@dataclass
+class LowerContext:
+    graph: Graph
+    net: LoweredNet
+    producers: dict[str, Op]
+    source: str = "--calib"
+
+    def t(self, name: str) -> float:
+        if name not in self.net.thresholds:
+            raise UserError(
+                f"{self.source}: no threshold for tensor '{name}'; calibrate the model again with this graph"
+            )
+        return self.net.thresholds[name]
+
+    def const(self, op: Op, index: int) -> np.ndarray | None:
+        if index >= len(op.inputs) or not op.inputs[index]:
+            return None
+        data = self.graph.const(op.inputs[index])
+        if data is None:
+            raise UnsupportedError(
+                f"op '{op.name}' ({op.kind}): input {index} '{op.inputs[index]}' must be a constant for BM1880"
+            )
+        return np.asarray(data, np.float32)
+
+    def add(self, layer: Layer) -> None:
+        self.net.layers.append(layer)
+
+
+def _unsupported(op: Op, what: str) -> UnsupportedError:
+    return UnsupportedError(f"op '{op.name}' ({op.kind}) {what} is not supported by the bm1880 target")
+
+
+def _check_window(op: Op, kernel, strides, pads) -> None:
+    if max(*strides, *pads) > MAX_PAD:
+        raise _unsupported(op, f"with stride {strides} / pads {pads} above {MAX_PAD}")
+
+
+def _split_act(ctx: LowerContext, op: Op, act: ops.Activation | None) -> tuple[str, bool]:
+    """(tensor the main layer writes, fused relu): leaky ReLU becomes a following act layer."""
+    out = op.outputs[0]
+    if act is None or act.kind == "relu":
+        return out, act is not None
+    if act.kind != "leaky_relu":
+        raise _unsupported(op, f"with fused activation {act.kind}")
+    pre = f"{out}#pre"
+    ctx.net.shapes[pre], ctx.net.thresholds[pre], ctx.net.storage[pre] = ctx.net.shapes[out], ctx.t(out), pre
+    return pre, False
+
+
+def _finish_act(ctx: LowerContext, op: Op, act: ops.Activation | None, pre: str) -> None:
+    if act is not None and act.kind == "leaky_relu":
+        _add_relu_like(ctx, f"{op.name}#leaky", "leaky", pre, op.outputs[0], slope=float(act.alpha))
+
+
+def _conv_layer(ctx: LowerContext, op: Op, src: str, weight: np.ndarray, bias, kernel, strides, pads, dil, act):
+    out, relu = _split_act(ctx, op, act)
+    q = fp.bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(op.outputs[0]))
+    bias_q = q.bias if q.bias is not None else None
+    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, q.weight, bias_q, q.rshift, relu))
+    _finish_act(ctx, op, act, out)
+
+
+def _lower_conv(ctx: LowerContext, op: Op) -> None:
+    a: ops.Conv2d = op.attrs
+    w, b = ctx.const(op, 1), ctx.const(op, 2)
+    src = op.inputs[0]
+    oc, icg, kh, kw = w.shape
+    pads = (a.pads[0], a.pads[2], a.pads[1], a.pads[3])
+    _check_window(op, (kh, kw), a.strides, pads)
+    cin = ctx.net.shapes[src][1]
+    if a.group > 1 and a.group == cin == oc and icg == 1:
+        out, relu = _split_act(ctx, op, a.act)
+        q = fp.bm1880_quantize_layer(w, b, ctx.t(src), ctx.t(op.outputs[0]))
+        ctx.add(Layer(op.name, "dwconv", (src,), out, "", (kh, kw), a.strides, pads, a.dilations,
+                      q.weight.reshape(oc, kh, kw), q.bias, q.rshift, relu))  # fmt: skip
+        _finish_act(ctx, op, a.act, out)
+        return
+    if a.group > 1:  # general grouped conv: a dense conv with a block-diagonal kernel
+        dense = np.zeros((oc, cin, kh, kw), np.float32)
+        per = oc // a.group
+        for g in range(a.group):  # loop over groups only
+            dense[g * per : (g + 1) * per, g * icg : (g + 1) * icg] = w[g * per : (g + 1) * per]
+        w = dense
+    _conv_layer(ctx, op, src, w, b, (kh, kw), a.strides, pads, a.dilations, a.act)
+
+
+def _fc_input(ctx: LowerContext, name: str, k: int) -> tuple[str, tuple[int, int]]:
+    """The 4-D tensor an FC reads and its kernel: a flattened NCHW map is read directly as an HxW conv."""
+    producer = ctx.producers.get(name)
+    if producer is not None and producer.kind == "reshape":
+        src = producer.inputs[0]
+        n, c, h, w = ctx.net.shapes[src]
+        if len(ctx.graph.shape(src)) == 4 and c * h * w == k and ctx.graph.shape(name)[0] == n:
+            return src, (h, w)
+    return name, (1, 1)
+
+
+def _lower_fc(ctx: LowerContext, op: Op, weight_kn: np.ndarray, bias: np.ndarray | None, act) -> None:
+    src = op.inputs[0]
+    if len(ctx.graph.shape(src)) != 2:
+        raise _unsupported(op, f"on a rank-{len(ctx.graph.shape(src))} input")
+    k, n_out = weight_kn.shape
+    src, (kh, kw) = _fc_input(ctx, src, k)
+    c = ctx.net.shapes[src][1]
+    w = np.ascontiguousarray(weight_kn.T).reshape(n_out, c, kh, kw)
+    if bias is not None:
+        bias = np.broadcast_to(bias.reshape(-1), (n_out,)).astype(np.float32)
+    _conv_layer(ctx, op, src, w, bias, (kh, kw), (1, 1), (0, 0, 0, 0), (1, 1), act)
+
+
+def _lower_gemm(ctx: LowerContext, op: Op) -> None:
+    a: ops.Gemm = op.attrs
+    if a.trans_a:
+        raise _unsupported(op, "with transA")
+    w = ctx.const(op, 1)
+    w = (w.T if a.trans_b else w) * np.float32(a.alpha)
+    b = ctx.const(op, 2)
+    _lower_fc(ctx, op, w, None if b is None else b * np.float32(a.beta), a.act)
+
+
+def _lower_matmul(ctx: LowerContext, op: Op) -> None:
+    _lower_fc(ctx, op, ctx.const(op, 1), None, op.attrs.act)
+
+
+def _lower_pool(ctx: LowerContext, op: Op) -> None:
+    a: ops.Pool2d = op.attrs
+    if a.act is not None:
+        raise _unsupported(op, f"with fused activation {a.act.kind}")
+    src, out = op.inputs[0], op.outputs[0]
+    _, _, h, w = ctx.net.shapes[src]
+    _, _, oh, ow = ctx.net.shapes[out]
+    kh, kw = a.kernel
+    top, left = a.pads[0], a.pads[1]
+    # ceil mode: the extra windows read padding below/right of the input
+    bottom = max(a.pads[2], (oh - 1) * a.strides[0] + (kh - 1) * a.dilations[0] + 1 - h - top)
+    right = max(a.pads[3], (ow - 1) * a.strides[1] + (kw - 1) * a.dilations[1] + 1 - w - left)
+    _add_pool(ctx, op, a.mode, (kh, kw), a.strides, (top, bottom, left, right), a.dilations, a.count_include_pad)
+
+
+def _lower_global_pool(ctx: LowerContext, op: Op) -> None:
+    _, _, h, w = ctx.net.shapes[op.inputs[0]]
+    _add_pool(ctx, op, op.attrs.mode, (h, w), (1, 1), (0, 0, 0, 0), (1, 1), True)
+
+
+def _add_pool(ctx: LowerContext, op: Op, mode: str, kernel, strides, pads, dil, include_pad: bool) -> None:
+    _check_window(op, kernel, strides, pads)
+    src, out = op.inputs[0], op.outputs[0]
+    tx, ty = ctx.t(src), ctx.t(out)
+    if mode == "avg":
+        if any(pads) and not include_pad:
+            raise _unsupported(op, "average pooling that excludes padding from the divisor")
+        m, r = fp.bm1880_requant_multiplier(tx, ty * kernel[0] * kernel[1])
+    elif mode == "max":
+        m, r = (1, 0) if tx == ty else fp.bm1880_requant_multiplier(tx, ty)
+    else:
+        raise _unsupported(op, f"with mode {mode}")
+    ctx.add(Layer(op.name, "pool", (src,), out, mode, kernel, strides, pads, dil, rshift=r, multipliers=(m,)))
+
+
+def _add_relu_like(ctx: LowerContext, name: str, mode: str, src: str, out: str, slope=0.0) -> None:
+    """gt side `x·gt_scale >> gt_shift`, le side by a constant (leaky) or per-channel slopes (prelu)."""
+    ratio = np.float32(ctx.t(src)) / np.float32(ctx.t(out))
+    gt, gt_shift = (int(v) for v in fp.bm1880_scale_shift(ratio, f"{name} gt scale"))
+    weight, le, le_shift = None, 0, 0
+    if mode == "leaky":
+        le, le_shift = (int(v) for v in fp.bm1880_scale_shift(np.float32(slope) * ratio, f"{name} le scale"))
+    elif mode == "prelu":
+        slopes = np.asarray(slope, np.float32) * ratio
+        _, le_shift = fp.bm1880_scale_shift(np.abs(slopes).max(), f"{name} le scale")
+        weight = fp.saturate(fp.round_half_up(slopes * np.float32(2.0 ** int(le_shift))), np.int8)
+        le_shift = int(le_shift)
+    gt, le = min(gt, 127), int(np.clip(le, -128, 127))  # signed 8-bit constants
+    ctx.add(Layer(name, "act", (src,), out, mode, weight=weight, multipliers=(gt, le), shifts=(gt_shift, le_shift)))
+
+
+def _lower_activation(ctx: LowerContext, op: Op) -> None:
+    act = op.attrs.act
+    if act.kind not in ("relu", "leaky_relu"):
+        raise _unsupported(op, f"activation {act.kind}")
+    mode = "relu" if act.kind == "relu" else "leaky"
+    _add_relu_like(ctx, op.name, mode, op.inputs[0], op.outputs[0], slope=float(act.alpha))
+
+
+def _lower_prelu(ctx: LowerContext, op: Op) -> None:
+    c = ctx.net.shapes[op.inputs[0]][1]
+    slope = ctx.const(op, 1)
+    if slope.size not in (1, c):
+        raise _unsupported(op, f"with slope shape {list(slope.shape)} (need one per channel)")
+    _add_relu_like(ctx, op.name, "prelu", op.inputs[0], op.outputs[0], np.broadcast_to(slope.reshape(-1), (c,)))
+
+
+def _lower_eltwise(ctx: LowerContext, op: Op) -> None:
+    a: ops.Eltwise = op.attrs
+    if a.kind not in ("add", "max"):
+        raise _unsupported(op, f"eltwise {a.kind}")
+    if a.act is not None and a.act.kind != "relu":
+        raise _unsupported(op, f"with fused activation {a.act.kind}")
+    out = op.outputs[0]
+    if len(op.inputs) != 2 or any(ctx.graph.const(i) is not None for i in op.inputs):
+        raise _unsupported(op, "with constant or more than two inputs")
+    if any(ctx.graph.shape(i) != ctx.graph.shape(out) for i in op.inputs):
+        raise _unsupported(op, "with broadcasting")
+    m, r = fp.bm1880_eltwise_multipliers(np.array([ctx.t(i) for i in op.inputs]), ctx.t(out))
+    ctx.add(Layer(op.name, "eltwise", tuple(op.inputs), out, a.kind, rshift=int(r), relu=a.act is not None,
+                  multipliers=tuple(int(v) for v in m)))  # fmt: skip
+
+
+def _lower_concat(ctx: LowerContext, op: Op) -> None:
+    out = op.outputs[0]
+    rank = len(ctx.graph.shape(out))
+    axis = op.attrs.axis % rank
+    axis4 = {4: axis, 2: axis, 3: (0, 1, 3)[axis]}.get(rank)
+    if axis4 is None or any(ctx.graph.const(i) is not None for i in op.inputs):
+        raise _unsupported(op, f"on rank {rank} or with constant inputs")
+    pairs = [(1, 0) if ctx.t(i) == ctx.t(out) else fp.bm1880_requant_multiplier(ctx.t(i), ctx.t(out))
+             for i in op.inputs]  # fmt: skip
+    ctx.add(Layer(op.name, "concat", tuple(op.inputs), out, str(axis4),
+                  multipliers=tuple(m for m, _ in pairs), shifts=tuple(r for _, r in pairs)))  # fmt: skip
+
+
+def _lower_reshape(ctx: LowerContext, op: Op) -> None:
+    src, out = op.inputs[0], op.outputs[0]
+    ctx.net.storage[out] = ctx.net.storage[src]
+    ctx.net.thresholds[out] = ctx.t(src)  # same bytes, same scale
+
+
+LOWERINGS: dict[str, Callable[[LowerContext, Op], None]] = {
+    "conv2d": _lower_conv,
+    "gemm": _lower_gemm,
+    "matmul": _lower_matmul,
+    "pool2d": _lower_pool,
+    "global_pool": _lower_global_pool,
+    "activation": _lower_activation,
+    "prelu": _lower_prelu,
+    "eltwise": _lower_eltwise,
+    "concat": _lower_concat,
+    "reshape": _lower_reshape,
+}
+
+
+def fold_matmul_bias(graph: Graph) -> None:
+    """MatMul followed by Add of a constant vector (ONNX's Gemm spelled out) -> Gemm with that bias."""
+    consumers = graph.consumers()
+    for add in list(graph.iter_ops("eltwise")):
+        if add.attrs.kind != "add" or len(add.inputs) != 2:
+            continue
+        consts = [graph.const(name) for name in add.inputs]
+        src_index = 0 if consts[1] is not None else 1
+        producer = graph.producers().get(add.inputs[src_index])
+        bias = consts[1 - src_index]
+        if (
+            bias is None or producer is None or producer.kind != "matmul" or producer.attrs.act is not None
+            or len(consumers.get(producer.outputs[0], [])) != 1 or bias.size != graph.shape(add.outputs[0])[-1]
+            or len(graph.shape(producer.inputs[0])) != 2 or graph.const(producer.inputs[1]) is None
+        ):  # fmt: skip
+            continue
+        producer.kind, producer.attrs = "gemm", ops.Gemm(act=add.attrs.act)
+        producer.inputs = [*producer.inputs, add.inputs[1 - src_index]]
+        graph.replace_uses(add.outputs[0], producer.outputs[0])
+        graph.remove_op(add)
+        # keep the add's (calibrated) output name on the fused result
+        _rename(graph, producer.outputs[0], add.outputs[0])
+
+
+def _rename(graph: Graph, old: str, new: str) -> None:
+    tensor = graph.tensors.pop(old)
+    tensor.name = new
+    graph.tensors[new] = tensor
+    graph.replace_uses(old, new)
+    for op in graph.ops:
+        op.outputs = [new if o == old else o for o in op.outputs]
+
+
+def lower(
+    graph: Graph, table: dict[str, float], table_names: dict[str, str] | None = None, source: str = "--calib"
+) -> LoweredNet:
+    """The BM1880 int8 layers of a canonicalized float graph (modified: its host tail is dropped)."""
+    dropped = strip_host_tail(graph)
+    fold_matmul_bias(graph)
+    graph.prune()
+    for op in graph.ops:
+        if op.kind not in LOWERINGS:
+            raise UnsupportedError(
+                f"op '{op.name}' ({op.kind}) is not supported by the bm1880 target "
+                f"(supported: {', '.join(sorted(LOWERINGS))}); remove or replace it"
+            )
+    net = LoweredNet(graph.name, list(graph.inputs), list(graph.outputs), {}, {}, {})
+    if dropped:
+        net.notes.append(f"left to the host (not in the bmodel): {', '.join(dropped)}")
+    acts = list(graph.inputs) + [o for op in graph.ops for o in op.outputs]
+    producers = graph.producers()
+    for name in acts:
+        net.ir_shapes[name] = tuple(graph.shape(name))
+        net.shapes[name] = as_4d(graph.shape(name), f"tensor '{name}'")
+        net.storage[name] = name
+        th = threshold_for(name, table, table_names)
+        if th is not None:
+            net.thresholds[name] = th
+    ctx = LowerContext(graph, net, producers, source)
+    for op in graph.ops:
+        LOWERINGS[op.kind](ctx, op)
+    for name in net.inputs + net.outputs:
+        ctx.t(name)
+    return net
