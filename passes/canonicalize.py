@@ -27,6 +27,7 @@ PIPELINE = (
     "recognize_hard_sigmoid",
     "recognize_hard_swish",
     "recognize_hard_swish_product",
+    "divide_by_reciprocal",
     "fold_bias_add",
     "fold_batchnorm",
     "fold_pad",
@@ -158,6 +159,24 @@ def drop_noop_reshape(graph: Graph) -> int:
             graph.remove_op(inner)
             producers = graph.producers()
             fired += 1
+    return fired
+
+
+@rewrite("divide_by_reciprocal")
+def divide_by_reciprocal(graph: Graph) -> int:
+    """x / c for a constant c without zeros becomes x * (1/c): NPUs multiply, none of them divides."""
+    fired = 0
+    for op in graph.iter_ops("eltwise"):
+        if op.attrs.kind != "div" or len(op.inputs) != 2 or graph.const(op.inputs[0]) is not None:
+            continue
+        divisor = graph.const(op.inputs[1])
+        if divisor is None or not np.issubdtype(divisor.dtype, np.floating) or not np.all(divisor != 0):
+            continue
+        reciprocal = graph.unique_name(f"{op.inputs[1]}_reciprocal")
+        graph.add_const(reciprocal, (np.float32(1) / divisor.astype(np.float32)).astype(np.float32))
+        op.inputs = [op.inputs[0], reciprocal]
+        op.attrs = ops.Eltwise("mul", op.attrs.act)
+        fired += 1
     return fired
 
 

@@ -138,3 +138,14 @@ def test_noop_reshape_and_flatten_are_dropped_but_outputs_keep_their_names():
     # reshape(flatten(r)) merges into one reshape, which is then a no-op: two firings
     graph = _check(_model(nodes, [shape]), {"drop_noop_reshape": 2}, {"activation": 1})
     assert graph.outputs == ["y"] and graph.ops[0].outputs == ["y"]
+
+
+def test_divide_by_a_constant_becomes_a_multiply_by_its_reciprocal():
+    divisor = np.array([2.0, 4.0, 0.5, 8.0], np.float32).reshape(1, 4, 1, 1)
+    model = _model([helper.make_node("Div", ["x", "d"], ["y"])], [_const("d", divisor)])
+    graph = _check(model, {"divide_by_reciprocal": 1}, {"eltwise": 1})
+    (op,) = graph.ops
+    assert op.attrs.kind == "mul"
+    np.testing.assert_array_equal(graph.const(op.inputs[1]).ravel(), [0.5, 0.25, 2.0, 0.125])
+    zero = _model([helper.make_node("Div", ["x", "d"], ["y"])], [_const("d", np.zeros((1, 4, 1, 1)))])
+    assert canonicalize(import_model(zero)).get("divide_by_reciprocal", 0) == 0  # x / 0 keeps its inf/nan

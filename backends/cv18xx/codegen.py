@@ -53,7 +53,7 @@ class Codegen:
         return GTensor.contiguous(place.region, place.offset, dims, fmt)
 
     def local(self, op: Op) -> LocalAllocator:
-        return LocalAllocator(self.chip, f"op '{op.name}' ({op.kind})")
+        return LocalAllocator(self.chip, op_where(op))
 
     def local_named(self, what: str) -> LocalAllocator:
         return LocalAllocator(self.chip, what)
@@ -98,6 +98,28 @@ def fused_relu(op: Op) -> tuple[bool, int | None]:
     return relu, (q.relu_max if q is not None else None)
 
 
+def no_kernel(op: Op, what: str) -> UserError:
+    """The error for an op the cv18xx cannot run: it names the node and says what the user can do."""
+    q = getattr(op.attrs, "quant", None)
+    fix = "build for another target (see `npuc targets`)"
+    if q is not None and q.mode == "int8":
+        fix = f"keep it in bf16 with --float-layers {op.name}, {fix}"
+    return UserError(f"op '{op.name}' ({op.kind}): {what} has no cv18xx kernel; {fix}, or replace it in the model")
+
+
+def does_not_fit(where: str, what: str, chip: ChipSpec) -> UserError:
+    """The error for a layer no tiling fits in local memory (`where`: the op, named)."""
+    return UserError(
+        f"{where}: {what} does not fit in the {chip.name}'s local memory ({chip.lmem_size} bytes per lane) however "
+        "it is tiled; the model cannot fit this chip as it is: make the layer smaller (narrower rows, fewer "
+        "channels) or build for another target"
+    )
+
+
+def op_where(op: Op) -> str:
+    return f"op '{op.name}' ({op.kind})"
+
+
 def supported(op: Op) -> bool:
     return op.kind in KERNELS
 
@@ -109,8 +131,5 @@ def generate(cg: Codegen, ops: list[Op]) -> None:
         cg.stream.layer = index + 1
         fn = KERNELS.get(op.kind)
         if fn is None:
-            raise UserError(
-                f"op '{op.name}' ({op.kind}) has no cv18xx kernel; keep it out of the TPU with another target "
-                f"or replace it in the model"
-            )
+            raise no_kernel(op, f"a {op.kind} op")
         fn(cg, op)

@@ -96,7 +96,8 @@ class LocalAllocator:
         if self.top + size > self.chip.lmem_size:
             raise UserError(
                 f"{self.where}: a {'x'.join(map(str, shape))} {fmt} tile needs {self.top + size} bytes of local "
-                f"memory per lane, the {self.chip.name} has {self.chip.lmem_size}; the layer cannot be tiled to fit"
+                f"memory per lane, the {self.chip.name} has {self.chip.lmem_size}; the layer cannot be tiled to "
+                "fit: make it smaller or build for another target"
             )
         t = LTensor(self.top, shape, fmt, local_strides(self.chip, shape, fmt, eu_align))
         self.top += size

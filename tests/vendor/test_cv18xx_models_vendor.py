@@ -29,7 +29,7 @@ FAMILIES = [
     "conv_basic", "conv_stride2", "conv_depthwise", "conv_group", "conv_dilated", "conv_1x1_nobias", "conv_5x5",
     "conv_asym_pad", "conv_rect", "pad_conv", "conv_bn_relu",
     "pool_max", "pool_max_3x3_s2", "pool_avg", "pool_avg_3x3_pad", "pool_global_avg",
-    "eltwise_add", "eltwise_sub", "eltwise_mul", "eltwise_broadcast",
+    "eltwise_add", "eltwise_sub", "eltwise_mul", "eltwise_div_const", "eltwise_broadcast",
     "act_relu", "act_relu6", "act_prelu",
     "gemm", "matmul_dense", "matmul_3d", "concat", "tinycnn",
 ]  # fmt: skip
@@ -66,7 +66,9 @@ def test_data_movement_families_equal_vendor(family: str, tmp_path: Path) -> Non
     assert all(_same(ours[n], vendor[n].reshape(ours[n].shape)) for n in ours)
 
 
-@pytest.mark.parametrize("family", ["conv_basic", "conv_depthwise", "pool_avg", "eltwise_add", "gemm", "concat"])
+@pytest.mark.parametrize(
+    "family", ["conv_basic", "conv_depthwise", "pool_avg", "eltwise_add", "eltwise_div_const", "gemm", "concat"]
+)
 def test_bf16_families_equal_vendor(family: str, tmp_path: Path) -> None:
     model, _ = generated_model(family, tmp_path)
     feeds = random_feeds(float_graph(model), 7)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
@@ -75,7 +75,7 @@ def _oc_tile(cg: Codegen, per_channel_bytes: int, oc: int) -> int:
 def conv2d(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
     if q.mode not in ("int8", "bf16"):
-        raise UserError(f"op '{op.name}': conv in {q.mode} mode has no cv18xx kernel")
+        raise no_kernel(op, f"conv in {q.mode} mode")
     bf16 = q.mode == "bf16"
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     w = cg.const(op.inputs[1])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of, to4d
+from npuc.backends.cv18xx.codegen import Codegen, does_not_fit, fused_relu, kernel, no_kernel, op_where, quant_of, to4d
 from npuc.backends.cv18xx.kernels.tiling import largest_fit
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits
@@ -23,7 +23,7 @@ from npuc.compiler.ir import Op
 BF16_ONE, BF16_MINUS_ONE = 0x3F80, 0xBF80
 
 
-def tiles(cg: Codegen, shape: tuple[int, int, int, int], fmt: str, count: int) -> Iterator[tuple]:
+def tiles(cg: Codegen, op: Op, shape: tuple[int, int, int, int], fmt: str, count: int) -> Iterator[tuple]:
     """(n, (c0, c1), (h0, h1)) tiles of `shape` such that `count` local tiles of it fit at once."""
     chip = cg.chip
     n, c, h, w = shape
@@ -32,7 +32,7 @@ def tiles(cg: Codegen, shape: tuple[int, int, int, int], fmt: str, count: int) -
         tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
     rows = largest_fit(h, lambda r: count * local_bytes(chip, (1, tile_c, r, w), fmt) <= chip.lmem_size)
     if rows == 0:
-        raise UserError(f"a {'x'.join(map(str, shape))} tile does not fit in {chip.name} local memory")
+        raise does_not_fit(op_where(op), f"one row of its {'x'.join(map(str, shape))} {fmt} tensor", chip)
     for b in range(n):
         for c0 in range(0, c, tile_c):
             for h0 in range(0, h, rows):
@@ -94,10 +94,10 @@ def operands(cg: Codegen, op: Op) -> tuple[list[Operand], GTensor]:
 @kernel("eltwise")
 def eltwise(cg: Codegen, op: Op) -> None:
     if op.attrs.kind not in ELTWISE_KINDS:
-        raise UserError(f"op '{op.name}': eltwise {op.attrs.kind} has no cv18xx kernel")
+        raise no_kernel(op, f"eltwise {op.attrs.kind}")
     xs, y = operands(cg, op)
     local = cg.local(op)
-    for b, cs, hs in tiles(cg, y.shape, y.fmt, 2 * len(xs) + 2):
+    for b, cs, hs in tiles(cg, op, y.shape, y.fmt, 2 * len(xs) + 2):
         local.reset()
         ins = [x.load(cg, local, b, cs, hs, y.shape[3]) for x in xs]
         out = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
@@ -167,7 +167,7 @@ def compute_eltwise(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], new_t
                 s.tiu(tiu.mul(out, out, lt, relu=relu))
         else:
             if len(ins) != 2:
-                raise UserError(f"op '{op.name}': int8 mul of {len(ins)} inputs has no cv18xx kernel")
+                raise no_kernel(op, f"int8 mul of {len(ins)} inputs")
             s.tiu(tiu.mul_qm(out, ins[0], ins[1], int(mults[0]), rshift, relu))
     clamp(cg, op, out)
 
@@ -175,7 +175,7 @@ def compute_eltwise(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], new_t
 def _relu_like(cg: Codegen, op: Op) -> None:
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     local = cg.local(op)
-    for b, cs, hs in tiles(cg, y.shape, y.fmt, 2):
+    for b, cs, hs in tiles(cg, op, y.shape, y.fmt, 2):
         local.reset()
         lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
         dma.load(cg.stream, _part(x, b, cs, hs), lt)
@@ -195,7 +195,7 @@ def compute_relu_like(cg: Codegen, op: Op, out: LTensor, x: LTensor, new_tile: C
     s = cg.stream
     bf16 = q.mode == "bf16"
     if not relu_like_ok(op):
-        raise UserError(f"op '{op.name}': {q.mode} {act.kind} has no cv18xx kernel yet")
+        raise no_kernel(op, f"{q.mode} {act.kind}")
     if act.kind == "leaky_relu":
         scaled = new_tile()
         s.tiu(tiu.mul(scaled, x, int(bf16_bits(np.float32(act.alpha)))))

@@ -88,7 +88,7 @@ def emit_int8_lut(cg: Codegen, op: Op) -> None:
     table = local.tensor(table_shape(cg.chip), "i8")
     dma.load(s, gtable, table)
     top = local.top
-    for b, cs, hs in tiles(cg, y.shape, y.fmt, TILE_SLOTS):
+    for b, cs, hs in tiles(cg, op, y.shape, y.fmt, TILE_SLOTS):
         local.reset(top)
         lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
         dma.load(s, _part(x, b, cs, hs), lt)

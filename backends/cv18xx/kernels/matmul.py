@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.codegen import Codegen, does_not_fit, fused_relu, kernel, no_kernel, op_where, quant_of
 from npuc.backends.cv18xx.kernels.elementwise import clamp
 from npuc.backends.cv18xx.lmem import ESIZE, GTensor, LTensor, align
 from npuc.backends.cv18xx.weights import bf16_bits, fp32_planes, int32_planes
@@ -47,11 +47,11 @@ def _operands(cg: Codegen, op: Op) -> tuple[np.ndarray, np.ndarray | None]:
     w = cg.const(op.inputs[1])
     if op.kind == "gemm":
         if op.attrs.trans_a:
-            raise UserError(f"op '{op.name}': Gemm with transA has no cv18xx kernel")
+            raise no_kernel(op, "Gemm with transA")
         if op.attrs.trans_b:
             w = w.T
     if w.ndim != 2:
-        raise UserError(f"op '{op.name}': a {w.ndim}-D right operand has no cv18xx kernel (only 2-D weights)")
+        raise no_kernel(op, f"a {w.ndim}-D right operand (only 2-D weights)")
     bias = cg.const(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] else None
     return np.ascontiguousarray(w), bias
 
@@ -115,7 +115,7 @@ def fully_connected(cg: Codegen, op: Op) -> None:
     per_row = left_layout.lane_bytes(1, k) + layout.lane_bytes(1, tile_cols)
     tile_rows = min(rows, MAX_K, (chip.lmem_size - fixed) // per_row)
     if tile_rows < 1:
-        raise UserError(f"op '{op.name}': a {k}x{tile_cols} weight tile does not fit in {chip.name} local memory")
+        raise does_not_fit(op_where(op), f"a {k}x{tile_cols} weight tile", chip)
     for c0 in range(0, cols, tile_cols):
         c1 = min(cols, c0 + tile_cols)
         nc = c1 - c0

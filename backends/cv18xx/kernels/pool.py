@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from npuc.backends.cv18xx import tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits
@@ -87,7 +87,7 @@ def pool_supported(op: Op) -> bool:
 def pool2d(cg: Codegen, op: Op) -> None:
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     if not pool_supported(op):
-        raise UserError(f"op '{op.name}': average pooling that excludes the padding has no cv18xx kernel")
+        raise no_kernel(op, "average pooling that excludes the padding")
     _pool(cg, op, op.attrs.mode, pool_geometry(op, x.shape, y.shape), x, y)
 
 

@@ -30,7 +30,7 @@ def prelu(cg: Codegen, op: Op) -> None:
     s = cg.stream
     local = cg.local(op)
     one = tiu.Window(1, 1)
-    for b, cs, hs in tiles(cg, shape, "i8", 7):
+    for b, cs, hs in tiles(cg, op, shape, "i8", 7):
         local.reset()
         t = cs[1] - cs[0]
         part = (1, t, hs[1] - hs[0], shape[3])

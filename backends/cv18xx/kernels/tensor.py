@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
-from npuc.backends.cv18xx.codegen import Codegen, kernel, quant_of, to4d
+from npuc.backends.cv18xx.codegen import Codegen, kernel, no_kernel, quant_of, to4d
 from npuc.backends.cv18xx.kernels.elementwise import _part, tiles
 from npuc.backends.cv18xx.lmem import GTensor, LTensor
 from npuc.backends.cv18xx.weights import bf16_bits
@@ -17,11 +17,11 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
 
-def _copy(cg: Codegen, src: GTensor, dst: GTensor) -> None:
-    """gmem -> lmem -> gmem copy of equally shaped views."""
+def _copy(cg: Codegen, op: Op, src: GTensor, dst: GTensor) -> None:
+    """gmem -> lmem -> gmem copy of equally shaped views (for `op`)."""
     s = cg.stream
-    local = cg.local_named("copy")
-    for b, cs, hs in tiles(cg, src.shape, src.fmt, 1):
+    local = cg.local(op)
+    for b, cs, hs in tiles(cg, op, src.shape, src.fmt, 1):
         local.reset()
         lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], src.shape[3]), src.fmt)
         dma.load(s, _part(src, b, cs, hs), lt)
@@ -34,7 +34,7 @@ def reshape(cg: Codegen, op: Op) -> None:
     if src == dst:
         return  # the memory plan made the output an alias of the input
     x = cg.gtensor(op.inputs[0])
-    _copy(cg, x, x.__class__.contiguous(dst.region, dst.offset, x.shape, x.fmt))
+    _copy(cg, op, x, x.__class__.contiguous(dst.region, dst.offset, x.shape, x.fmt))
 
 
 @kernel("concat")
@@ -61,7 +61,7 @@ def concat(cg: Codegen, op: Op) -> None:
                       (total * inner * e, inner * e, inner * e, e))  # fmt: skip
         rescale = mults is not None and (int(mults[i]) != 1 or int(shifts[i]) != 0)
         local = cg.local(op)
-        for b, cs, hs in tiles(cg, src.shape, src.fmt, 1):
+        for b, cs, hs in tiles(cg, op, src.shape, src.fmt, 1):
             local.reset()
             lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], inner), src.fmt)
             dma.load(s, _part(src, b, cs, hs), lt)
@@ -87,7 +87,7 @@ def cast(cg: Codegen, op: Op) -> None:
     s = cg.stream
     local = cg.local(op)
     w = shape[3]
-    for b, cs, hs in tiles(cg, shape, "bf16", 4):
+    for b, cs, hs in tiles(cg, op, shape, "bf16", 4):
         local.reset()
         part = (1, cs[1] - cs[0], hs[1] - hs[0], w)
         if dst_fmt == "float32":
@@ -131,7 +131,7 @@ def resize(cg: Codegen, op: Op) -> None:
     e = 2 if x.fmt == "bf16" else 1
     s = cg.stream
     local = cg.local(op)
-    for b, cs, hs in tiles(cg, x.shape, x.fmt, 1 + sh * sw):
+    for b, cs, hs in tiles(cg, op, x.shape, x.fmt, 1 + sh * sw):
         local.reset()
         rows = hs[1] - hs[0]
         lx = local.tensor((1, cs[1] - cs[0], rows, iw), x.fmt)
@@ -152,7 +152,7 @@ def transpose(cg: Codegen, op: Op) -> None:
     perm = op.attrs.perm
     in_shape = tuple(cg.graph.shape(op.inputs[0]))
     if len(perm) > 4:
-        raise UserError(f"op '{op.name}': a {len(perm)}-D transpose has no cv18xx kernel")
+        raise no_kernel(op, f"a {len(perm)}-D transpose")
     pad = 4 - len(perm)
     perm4 = tuple(range(pad)) + tuple(p + pad for p in perm)
     shape4 = (1,) * pad + in_shape

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from npuc.backends.cv18xx import dma
+from npuc.backends.cv18xx.codegen import does_not_fit, op_where
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.tiu import Window
-from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def stream_rows(
 
     rows = largest_fit(g.oh, fits)
     if rows == 0:
-        raise UserError(f"op '{op.name}': one output row does not fit in {chip.name} local memory")
+        raise does_not_fit(op_where(op), "one output row with the input rows it reads", chip)
     for b in range(x.shape[0]):
         for tile in row_tiles(g, rows):
             local.reset(mark)
