@@ -1,21 +1,28 @@
-"""Write npuc's quantization as a QDQ ONNX model that onnxruntime runs (like hb_mapper's quantized_model.onnx).
+"""Write npuc's quantization as an ONNX model that onnxruntime runs (like hb_mapper's quantized_model.onnx).
 
-Every int8 activation T becomes `T --QuantizeLinear--> T_q --DequantizeLinear--> T_dq` with scale s and
-zero point 0; weights are int8 initializers behind a DequantizeLinear (per output channel where the scheme
-is), biases int32 at the accumulator scale; the ops themselves run in float between the pairs. A `QdqPlan`
-holds those numbers; each target names how its plan is made (TARGET_PLANS):
+Two forms (`qdq_for_target(..., form=)`, `npuc export --qdq --form`):
 
-- cv18xx, bpu (and lyngor/dmp, which have no int8 scheme of their own: npuc's symmetric int8 is shown for
-  them): from the graph `passes.quantize(..., "cv18xx_int8")` makes. Activation scale th/127; weight scale
-  `M·2^-(31+rshift)·th_y/th_x` per channel, so float conv + QuantizeLinear gives `acc·M/2^(31+rshift)`,
-  the integer kernel's requantization. Ops whose kernel rescales each input with an 8-bit multiplier (add,
-  sub, max, min, concat, average pools, mul) get their own DequantizeLinear per input at exactly that
-  multiplier's scale. Int8 activations (hard-swish, sigmoid ... as 256-entry tables in npuc) are a Gather
-  of the table's dequantized values on the input codes, so they match npuc exactly. Left: QuantizeLinear
-  rounds once and half to even where npuc's QDM requantization rounds twice (at 2^31, then half away at
-  2^rshift) and pools/eltwise round half up; bf16 fallback ops run in float32.
-- bm1880: from the float graph and the thresholds: activation scale th/128, conv/FC weights with BMNet's
-  per-layer power-of-two shift (scale `Ty/(Tx·2^r)`), int16 bias (scale `Ty/(128·2^r)`).
+- exact (default for cv18xx, bpu, lyngor, dmp): `write_qdq_exact` transcribes the graph `passes.quantize(...,
+  "cv18xx_int8")` makes into integer ONNX ops (passes/qdq_exact.py lists which ops are exact integer, exact
+  float, and plain float). Every int8 tensor of npuc's reference appears under its IR name with the same
+  codes; the model's inputs are quantized by a visible QuantizeLinear (scale th/127, zero point 0) and its
+  outputs leave through DequantizeLinear. Measured: bit-exact outputs and int8 tensors on smallcnn and on
+  the PP-LCNet orientation classifier (the plain form: cosine 0.9946 on its worst picture).
+- plain (any target; the only one for bm1880): float ops between QuantizeLinear/DequantizeLinear pairs, for
+  tools that expect pure QDQ. Every int8 activation T becomes `T --Q--> T_q --DQ--> T_dq` with scale s and
+  zero point 0; weights are int8 initializers behind a DequantizeLinear (per output channel where the scheme
+  is), biases int32 at the accumulator scale. A `QdqPlan` holds those numbers; each target names how its
+  plan is made (TARGET_PLANS):
+  - cv18xx, bpu (and lyngor/dmp, which have no int8 scheme of their own: npuc's symmetric int8 is shown for
+    them): from the quantized graph. Activation scale th/127; weight scale `M·2^-(31+rshift)·th_y/th_x` per
+    channel, so float conv + QuantizeLinear gives `acc·M/2^(31+rshift)`, the integer kernel's
+    requantization. Ops whose kernel rescales each input with an 8-bit multiplier (add, sub, max, min,
+    concat, average pools, mul) get their own DequantizeLinear per input at exactly that multiplier's
+    scale; int8 activations are a Gather of their table's dequantized values on the input codes. Not
+    reproduced: QuantizeLinear rounds once, half to even, where npuc's QDM requantization rounds twice (at
+    2^31, then half away at 2^rshift) and pools/eltwise round half up; bf16 fallback ops run in float32.
+  - bm1880: from the float graph and the thresholds: activation scale th/128, conv/FC weights with BMNet's
+    per-layer power-of-two shift (scale `Ty/(Tx·2^r)`), int16 bias (scale `Ty/(128·2^r)`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import CalibrationTable
 from npuc.passes.colorspace import PreprocessAffine
 from npuc.passes.fixedpoint import bm1880_quantize_layer
-from npuc.passes.qdq_ops import EMITTERS, OPSET, OnnxBuilder
+from npuc.passes.qdq_exact import ExactBuilder, int8_value_infos, write_exact_nodes
+from npuc.passes.qdq_ops import EMITTERS, OPSET, OnnxBuilder, input_value
 from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
 from onnx import TensorProto, helper
 
@@ -248,58 +256,71 @@ class _Writer:
 
 
 def _graph_input(w: _Writer, name: str, prologue: InputPrologue | None) -> onnx.ValueInfoProto:
-    g, b = w.g, w.b
-    shape = g.shape(name)
-    layout = g.input_layouts.get(name, "nchw")
-    if prologue is not None:
-        n, c, h, wd = shape
-        c_rt = prologue.affine.weight.shape[1]
-        raw = b.node("Cast", [name], b.fresh(f"{name}_pixels"), to=TensorProto.FLOAT)
-        weight = b.const(f"{name}_hz_weight", prologue.affine.weight.T.astype(np.float32))
-        mixed = b.node("MatMul", [raw, weight])
-        biased = b.node("Add", [mixed, b.const(f"{name}_hz_bias", prologue.affine.bias.astype(np.float32))])
-        value = b.node("Transpose", [biased], b.fresh(f"{name}_HzPreprocess"), perm=[0, 3, 1, 2])
-        info = helper.make_tensor_value_info(name, TensorProto.INT8, [n, h, wd, c_rt])
-    elif layout == "nhwc":
-        n, c, h, wd = shape
-        value = b.node("Transpose", [name], b.fresh(f"{name}_nchw"), perm=[0, 3, 1, 2])
-        info = helper.make_tensor_value_info(name, TensorProto.FLOAT, [n, h, wd, c])
-    else:
-        value = name
-        info = helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+    value, info = input_value(w.b, w.g, name, prologue.affine if prologue is not None else None)
     if name in w.plan.act:
-        w.quantize(name, value, b.fresh(f"{name}_dq"))
+        w.quantize(name, value, w.b.fresh(f"{name}_dq"))
     else:
         w.float_of[name] = value
     return info
 
 
-def write_qdq(
-    graph: Graph, plan: QdqPlan, name: str | None = None, prologues: Mapping[str, InputPrologue] | None = None
-) -> onnx.ModelProto:
-    """The QDQ ONNX model of `graph` (float or made by passes.quantize) with `plan`'s numbers."""
-    w = _Writer(graph, plan)
-    prologues = prologues or {}
-    inputs = [_graph_input(w, n, prologues.get(n)) for n in graph.inputs]
-    for op in graph.ops:
-        w.emit(op)
-    outputs = []
-    for out in graph.outputs:
-        if w.float_of.get(out) != out:  # an output that is also an input, or renamed: give it its name
-            w.b.node("Identity", [w.float_of[out]], out)
-        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, list(graph.shape(out))))
+def _model(
+    graph: Graph, b: OnnxBuilder, inputs: list[onnx.ValueInfoProto], name: str | None, doc: str,
+    value_info: list[onnx.ValueInfoProto] | None = None,
+) -> onnx.ModelProto:  # fmt: skip
+    outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(graph.shape(out))) for out in graph.outputs]
     onnx_graph = helper.make_graph(
-        w.b.nodes, name or graph.name, inputs, outputs, initializer=list(w.b.initializers.values())
+        b.nodes, name or graph.name, inputs, outputs, initializer=list(b.initializers.values()), value_info=value_info
     )
     model = helper.make_model(
         onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="npuc", ir_version=8
     )
-    model.doc_string = plan.note
+    model.doc_string = doc
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise RuntimeError(f"npuc wrote an invalid QDQ model: {str(exc).splitlines()[0]}") from None
     return model
+
+
+def write_qdq(
+    graph: Graph, plan: QdqPlan, name: str | None = None, prologues: Mapping[str, InputPrologue] | None = None
+) -> onnx.ModelProto:
+    """The plain QDQ ONNX model of `graph` (float or made by passes.quantize) with `plan`'s numbers."""
+    w = _Writer(graph, plan)
+    prologues = prologues or {}
+    inputs = [_graph_input(w, n, prologues.get(n)) for n in graph.inputs]
+    for op in graph.ops:
+        w.emit(op)
+    for out in graph.outputs:
+        if w.float_of.get(out) != out:  # an output that is also an input, or renamed: give it its name
+            w.b.node("Identity", [w.float_of[out]], out)
+    return _model(graph, w.b, inputs, name, plan.note)
+
+
+def write_qdq_exact(
+    qgraph: Graph,
+    name: str | None = None,
+    prologues: Mapping[str, InputPrologue] | None = None,
+    output_dequant: str = "bf16",
+    note: str = "",
+) -> onnx.ModelProto:
+    """The exact form of a graph made by `passes.quantize(..., "cv18xx_int8")` (passes/qdq_exact.py): every
+    int8 tensor of npuc's reference appears under its IR name with the same codes. `output_dequant`: how
+    int8 graph outputs are dequantized, "bf16" (the TPU) or "float32" (q·th/127, the hbDNN SCALE rule)."""
+    e = ExactBuilder(qgraph)
+    prologues = prologues or {}
+    values, inputs = {}, []
+    for n in qgraph.inputs:
+        prologue = prologues.get(n)
+        values[n], info = input_value(e.b, qgraph, n, prologue.affine if prologue is not None else None)
+        inputs.append(info)
+    written = write_exact_nodes(e, qgraph, values, output_dequant)
+    for out in qgraph.outputs:
+        if written.get(out) != out:
+            e.b.node("Identity", [written[out]], out)
+    doc = note or EXACT_NOTE
+    return _model(qgraph, e.b, inputs, name, doc, int8_value_infos(qgraph))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -339,6 +360,19 @@ TARGET_PLANS: Mapping[str, PlanMaker] = MappingProxyType(
 )
 
 
+FORMS = ("exact", "plain")
+# Targets whose plan is passes.quantize's cv18xx_int8 graph, which the exact form transcribes op by op.
+EXACT_TARGETS = frozenset({"cv18xx", "bpu", "lyngor", "dmp"})
+EXACT_NOTE = (
+    "exact form: int8 tensors are integer codes computed as npuc's reference does (ConvInteger/MatMulInteger, "
+    "int64 QDM requantization, LUT gathers); boundaries are QuantizeLinear/DequantizeLinear"
+)
+
+
+def default_form(target: str) -> str:
+    return "exact" if target in EXACT_TARGETS else "plain"
+
+
 def qdq_for_target(
     graph: Graph,
     target: str,
@@ -346,11 +380,22 @@ def qdq_for_target(
     float_layers: tuple[str, ...] = (),
     prologues: Mapping[str, InputPrologue] | None = None,
     model_path: str | Path | None = None,
+    form: str | None = None,
+    output_dequant: str = "bf16",
 ) -> onnx.ModelProto:
     """The QDQ model of the float `graph` as `target` quantizes it with `table` (`model_path`: the ONNX file
-    the graph came from, to match table names of folded tensors)."""
+    the graph came from, to match table names of folded tensors). `form`: "exact" (integer ops that
+    reproduce npuc's int8 reference; the default where the target has it) or "plain" (float ops between
+    QuantizeLinear/DequantizeLinear pairs, for tools that expect pure QDQ)."""
     if target not in TARGET_PLANS:
         raise UserError(f"no QDQ export for target '{target}'; choose one of {', '.join(sorted(TARGET_PLANS))}")
+    form = form or default_form(target)
+    if form not in FORMS:
+        raise UserError(f"unknown QDQ form '{form}'; choose one of {', '.join(FORMS)}")
+    if form == "exact" and target not in EXACT_TARGETS:
+        raise UserError(f"target '{target}' has no exact QDQ form (its int8 runs outside npuc's reference); use plain")
     thresholds = thresholds_for_model(graph, table, model_path)
     qgraph, plan = TARGET_PLANS[target](graph, thresholds, tuple(float_layers))
+    if form == "exact":
+        return write_qdq_exact(qgraph, graph.name, prologues, output_dequant, f"{plan.note}; {EXACT_NOTE}")
     return write_qdq(qgraph, plan, graph.name, prologues)

@@ -15,7 +15,8 @@ import onnx
 from npuc.compiler import ops
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op
-from onnx import helper, numpy_helper
+from npuc.passes.colorspace import PreprocessAffine
+from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # HardSwish (14), per-axis QuantizeLinear/DequantizeLinear (13), Split sizes as an input (13)
 
@@ -46,6 +47,28 @@ class OnnxBuilder:
         self.used.add(out)
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.fresh(f"{out}/{op_type}"), **attrs))
         return out
+
+
+def input_value(
+    b: OnnxBuilder, graph: Graph, name: str, affine: PreprocessAffine | None
+) -> tuple[str, onnx.ValueInfoProto]:
+    """The float32 NCHW value of graph input `name` and the model input that feeds it: float32 in the input's
+    declared layout, or (`affine`, an hb_mapper image input) int8 NHWC pixels (u8 - 128) through HzPreprocess."""
+    shape = graph.shape(name)
+    if affine is not None:
+        n, _, h, w = shape
+        # in float64 then rounded once to float32, as PreprocessAffine.apply computes it
+        raw = b.node("Cast", [name], b.fresh(f"{name}_pixels"), to=TensorProto.DOUBLE)
+        mixed = b.node("MatMul", [raw, b.const(f"{name}_hz_weight", affine.weight.T.astype(np.float64))])
+        biased = b.node("Add", [mixed, b.const(f"{name}_hz_bias", affine.bias.astype(np.float64))])
+        single = b.node("Cast", [biased], to=TensorProto.FLOAT)
+        value = b.node("Transpose", [single], b.fresh(f"{name}_HzPreprocess"), perm=[0, 3, 1, 2])
+        return value, helper.make_tensor_value_info(name, TensorProto.INT8, [n, h, w, affine.weight.shape[1]])
+    if graph.input_layouts.get(name, "nchw") == "nhwc":
+        n, c, h, w = shape
+        value = b.node("Transpose", [name], b.fresh(f"{name}_nchw"), perm=[0, 3, 1, 2])
+        return value, helper.make_tensor_value_info(name, TensorProto.FLOAT, [n, h, w, c])
+    return name, helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
 
 
 # ---------------------------------------------------------------------------------------------------------

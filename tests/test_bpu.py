@@ -22,8 +22,13 @@ from npuc.backends.bpu.contract import (
 from npuc.compiler.artifacts import ArtifactOptions, detect
 from npuc.compiler.cli import main
 from npuc.compiler.errors import CorruptFileError, UserError
+from npuc.compiler.interp import run
+from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.frontends.hbconfig import load_config
+from npuc.frontends.onnx import import_onnx
 from npuc.models import images as im
+from npuc.passes.calitable import read_table
+from npuc.passes.canonicalize import canonicalize
 from npuc.passes.colorspace import nv12_to_yuv444, rgb_to_nv12, to_int8_128
 from npuc.passes.fixedpoint import (
     horizon_scale_dequantize,
@@ -31,6 +36,8 @@ from npuc.passes.fixedpoint import (
     horizon_shift_dequantize,
     horizon_shift_quantize,
 )
+from npuc.passes.qdq import thresholds_for_model
+from npuc.passes.quantize import quantize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 HALF_STEPS = np.arange(-600, 601) / 2.0  # every integer and every tie from -300 to 300
@@ -386,3 +393,64 @@ def test_yaml_config_builds_for_cv18xx(pplcnet_build, capsys):
             (np.reshape(im.IMAGENET_STD, (1, 3, 1, 1)) * 255)).astype(np.float32)  # fmt: skip
     (probs,) = run_cvimodel(model, {"x": feed}).values()
     assert probs.shape[:2] == (1, 4) and np.isclose(probs.sum(), 1.0, atol=1e-5)
+
+
+# ---- the quantized model agrees with npuc's int8 reference ------------------------------------------------
+
+
+def _reference(model_path, table_path, shapes=None):
+    graph = import_onnx(model_path, shapes)
+    canonicalize(graph)
+    return quantize(graph, thresholds_for_model(graph, read_table(table_path), model_path), "cv18xx_int8")
+
+
+def test_featuremap_model_is_npuc_int8_bit_for_bit(tmp_path, capsys):
+    """Exact form (default): the int8 codes of the output are npuc's, dequantized as q·scale with the
+    contract's SCALE. The plain form (qdq_form=plain) agrees to cosine 0.9999."""
+    table = GOLDEN / "smallcnn_cali_table.txt"
+    qgraph = _reference(GOLDEN / "smallcnn.onnx", table)
+    (final,) = [op for op in qgraph.ops if op.outputs == ["output"]]
+    feeds = [np.load(GOLDEN / "smallcnn_in.npz")["input"]]
+    feeds += [np.load(p)["input"].astype(np.float32) for p in sorted((GOLDEN / "smallcnn_cali_samples").glob("*"))[:5]]
+    outputs = {}
+    for form in ("exact", "plain"):
+        out = tmp_path / form
+        cli(["build", str(GOLDEN / "smallcnn.onnx"), "-t", "bpu", "--calib", str(table), "-o", str(out),
+             "--option", f"qdq_form={form}"])  # fmt: skip
+        c = bpu_artifact.read_contract(out)
+        session = ort.InferenceSession(str(out / c.model_file), providers=["CPUExecutionProvider"])
+        outputs[form] = [session.run(None, {"input": x})[0] for x in feeds]
+    scale = np.float32(c.outputs[0].scale_data[0]) if c.outputs[0].scale_data else None
+    for x, exact, plain in zip(feeds, outputs["exact"], outputs["plain"]):
+        ref = run(qgraph, {"input": x}, kernels=QUANT_KERNELS, keep_all=True)
+        codes = ref[final.inputs[0]]
+        step = np.float32(np.ravel(qgraph.tensors[final.inputs[0]].quant.scale)[0])
+        np.testing.assert_array_equal(exact, codes.astype(np.float32) * step)
+        assert scale is None or scale == step
+        assert _cosine(plain, ref["output"]) >= 0.9999 and _cosine(exact, ref["output"]) >= 0.99999
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(GOLDEN / "smallcnn.onnx"), "-t", "bpu", "--calib", str(table), "-o", str(tmp_path / "x"),
+              "--option", "qdq_form=fast"])  # fmt: skip
+    assert info.value.code == 2 and "--option qdq_form=fast: use one of exact, plain" in capsys.readouterr().err
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_nv12_model_is_npuc_int8_bit_for_bit(pplcnet_build, real_model):
+    """The PP-LCNet nv12 folder's model on 8 camera frames (int8 NHWC, u8 - 128) gives exactly the output of
+    npuc's int8 reference fed HzPreprocess of the same pixels (PreprocessAffine.apply)."""
+    root, config = pplcnet_build
+    out = root / "model_output" / "pplcnet_bpu"
+    if not out.exists():
+        cli(["build", "--config", str(config)])
+    path = real_model("pplcnet_orientation")
+    qgraph = _reference(path, root / "model_output" / "pplcnet_cali_table.txt", {"x": (1, 3, 224, 224)})
+    affine = load_config(config).inputs[0].affine()
+    session = ort.InferenceSession(str(out / "pplcnet_quantized_model.onnx"), providers=["CPUExecutionProvider"])
+    for picture in _pictures()[8:16]:
+        pixels = nv12_to_yuv444_int8(rgb_to_nv12(picture))
+        ref = run(qgraph, {"x": affine.apply(pixels, channel_axis=-1).transpose(0, 3, 1, 2)}, kernels=QUANT_KERNELS)
+        np.testing.assert_array_equal(session.run(None, {"x": pixels})[0], ref["fetch_name_0"])

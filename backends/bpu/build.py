@@ -1,7 +1,10 @@
 """Build the bpu output folder: hbDNN contract (JSON + C header) and the QDQ ONNX of npuc's int8 model.
 
 The float graph is quantized with npuc's symmetric int8 scheme (`cv18xx_int8`: per-tensor activations th/127,
-per-channel conv weights); the QDQ ONNX carries those numbers (passes/qdq.py). Image inputs described by an
+per-channel conv weights); the quantized ONNX carries those numbers (passes/qdq.py). By default it is the exact
+form (passes/qdq_exact.py: integer ops that give npuc's int8 codes bit for bit, float32 outputs dequantized
+as q·scale like the contract's SCALE); `qdq_form=plain` writes float ops between QuantizeLinear/DequantizeLinear
+pairs instead, for tools that expect pure QDQ. Image inputs described by an
 hb_mapper config (options["hb_inputs"]) take int8 NHWC runtime pixels (u8 - 128) and start with the
 HzPreprocess chain, as hb_mapper's quantized_model.onnx does; featuremap inputs take float32 and are S8
 in the contract.
@@ -16,6 +19,7 @@ Options (BuildRequest.options):
   calib_data    sample folder/file(s) to calibrate on when no --calib table is given
   calib_method  kl (default), max, percentile, mse; calib_percentile for percentile
   march         bernoulli2 (default) or bayes, recorded in the contract
+  qdq_form      exact (default) or plain: the form of the quantized ONNX
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.interp import external_shape
@@ -34,7 +39,15 @@ from npuc.compiler.targets import BuildRequest, BuildResult
 from npuc.passes.calibrate import CalibrationOptions, calibrate
 from npuc.passes.calitable import CalibrationTable, read_table
 from npuc.passes.preprocess import Preprocess
-from npuc.passes.qdq import InputPrologue, plan_from_quantized, thresholds_for_model, write_qdq
+from npuc.passes.qdq import (
+    EXACT_NOTE,
+    FORMS,
+    InputPrologue,
+    plan_from_quantized,
+    thresholds_for_model,
+    write_qdq,
+    write_qdq_exact,
+)
 from npuc.passes.quantize import ThresholdMap, quantize
 
 from .contract import Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
@@ -56,6 +69,7 @@ class BpuOptions:
     calib_method: str
     calib_percentile: float
     march: str
+    qdq_form: str = "exact"
 
     @classmethod
     def from_request(cls, request: BuildRequest) -> BpuOptions:
@@ -67,6 +81,9 @@ class BpuOptions:
         if march not in ("bernoulli2", "bayes"):
             raise UserError(f"--option march={march}: use bernoulli2 (X3) or bayes")
         data = o.get("calib_data") or ()
+        form = str(o.get("qdq_form", "exact")).lower()
+        if form not in FORMS:
+            raise UserError(f"--option qdq_form={form}: use one of {', '.join(FORMS)}")
         return cls(
             name=str(o.get("name") or request.model_path.stem),
             hb_inputs=tuple(o.get("hb_inputs") or ()),
@@ -77,6 +94,7 @@ class BpuOptions:
             calib_method=str(o.get("calib_method", "kl")),
             calib_percentile=float(o.get("calib_percentile", 99.99)),
             march=march,
+            qdq_form=form,
         )
 
 
@@ -179,6 +197,14 @@ def prologues_for(inputs: Sequence[Any]) -> dict[str, InputPrologue]:
     return {cfg.name: InputPrologue(cfg.affine()) for cfg in inputs if cfg.is_image}
 
 
+def quantized_model(qgraph: Graph, opts: BpuOptions) -> onnx.ModelProto:
+    """The folder's quantized ONNX: exact integer form (outputs dequantized as q·scale) or plain QDQ."""
+    prologues = prologues_for(opts.hb_inputs)
+    if opts.qdq_form == "plain":
+        return write_qdq(qgraph, plan_from_quantized(qgraph), opts.name, prologues)
+    return write_qdq_exact(qgraph, opts.name, prologues, output_dequant="float32", note=f"npuc bpu int8; {EXACT_NOTE}")
+
+
 def build_bpu(request: BuildRequest) -> BuildResult:
     """`npuc build --target bpu`: the output folder with the contract, its C header and the QDQ ONNX."""
     opts = BpuOptions.from_request(request)
@@ -192,7 +218,7 @@ def build_bpu(request: BuildRequest) -> BuildResult:
     qgraph = quantize(
         graph, boundary_thresholds(graph, table, request.model_path, opts, notes), "cv18xx_int8", opts.float_layers
     )
-    model = write_qdq(qgraph, plan_from_quantized(qgraph), opts.name, prologues_for(opts.hb_inputs))
+    model = quantized_model(qgraph, opts)
     model_file = f"{opts.name}_quantized_model.onnx"
     contract = Contract(
         name=opts.name,

@@ -1,5 +1,7 @@
-"""`npuc export MODEL --target T --qdq -o out.onnx [--calib TABLE | --calib-data DIR]`: npuc's quantization of
-MODEL for target T as a QDQ ONNX that onnxruntime runs (what each target's model represents: passes/qdq.py)."""
+"""`npuc export MODEL --target T --qdq [--form exact|plain] -o out.onnx [--calib TABLE | --calib-data DIR]`:
+npuc's quantization of MODEL for target T as a QDQ ONNX that onnxruntime runs (what each target's model
+represents: passes/qdq.py). The exact form (default for cv18xx, bpu, lyngor, dmp) reproduces npuc's int8
+reference bit for bit with integer ops (passes/qdq_exact.py); the plain form is pure QDQ."""
 
 from __future__ import annotations
 
@@ -27,13 +29,15 @@ def export_qdq(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     method: str = "kl",
     float_layers: tuple[str, ...] = (),
+    form: str | None = None,
 ) -> Path:
-    """Import, canonicalize, take or make the table, write the QDQ model atomically; returns `output`."""
+    """Import, canonicalize, take or make the table, write the QDQ model atomically; returns `output`.
+    `form`: "exact" or "plain" (None: the target's default, passes.qdq.default_form)."""
     get_target(target)  # an unknown name fails with the list of targets
     graph = import_onnx(model, input_shapes or None)
     canonicalize(graph)
     table = _table(model, graph, calib, calib_data, method)
-    onnx_model = qdq_for_target(graph, target, table, float_layers, model_path=model)
+    onnx_model = qdq_for_target(graph, target, table, float_layers, model_path=model, form=form)
     atomic_write_bytes(output, onnx_model.SerializeToString(deterministic=True))
     return output
 
@@ -65,11 +69,14 @@ def register(app: typer.Typer) -> None:
         method: str = typer.Option("kl", "--method", help="Calibration method with --calib-data: kl, max, ..."),
         input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,..."),
         float_layers: str = typer.Option(None, "--float-layers", help="Comma-separated ops kept in float."),
+        form: str = typer.Option(
+            None, "--form", help="exact (integer ops, bit-exact with npuc; default where available) or plain QDQ."
+        ),
     ) -> None:
         """Export MODEL as TARGET quantizes it, as a QDQ ONNX model onnxruntime runs."""
         if not qdq:
             raise UserError("npuc export writes QDQ ONNX only; add --qdq")
         out = output or Path(f"{model.stem}_{target}_qdq.onnx")
         layers = tuple(n.strip() for n in (float_layers or "").split(",") if n.strip())
-        export_qdq(model, target, out, calib, calib_data, parse_input_shapes(input_shape), method, layers)
+        export_qdq(model, target, out, calib, calib_data, parse_input_shapes(input_shape), method, layers, form)
         typer.echo(f"wrote {out}")
