@@ -11,9 +11,10 @@ register_target(
         number_formats=("int8 (per-channel multiplier+rshift)", "bf16"),
         artifact=".cvimodel (FlatBuffer + TIU/TDMA cmdbufs)",
         status=(
-            "reads, inspects (--disasm) and simulates cvimodels from their bytes; tpu-mlir's int8 files match the "
-            "vendor simulator bit for bit; npuc build generates int8/bf16 cvimodels for conv, pooling, eltwise, "
-            "ReLU-family, FC, concat, reshape and nearest-upsample networks (no lookup-table activations yet)"
+            "reads, inspects (--disasm) and simulates cvimodels from their bytes; npuc build generates int8/bf16 "
+            "cvimodels (conv, pooling, eltwise, ReLU family, PReLU, int8 lookup-table activations, FC, concat, "
+            "reshape/transpose, nearest upsample) with layer groups kept in local memory; every build runs on the "
+            "vendor simulator bit for bit"
         ),
         build=build,
     )
