@@ -2,13 +2,15 @@
 
 Two forms (`qdq_for_target(..., form=)`, `npuc export --qdq --form`):
 
-- exact (default for cv18xx, bpu, lyngor, dmp): `write_qdq_exact` transcribes the graph `passes.quantize(...,
-  "cv18xx_int8")` makes into integer ONNX ops (passes/qdq_exact.py lists which ops are exact integer, exact
-  float, and plain float). Every int8 tensor of npuc's reference appears under its IR name with the same
-  codes; the model's inputs are quantized by a visible QuantizeLinear (scale th/127, zero point 0) and its
-  outputs leave through DequantizeLinear. Measured: bit-exact outputs and int8 tensors on smallcnn and on
-  the PP-LCNet orientation classifier (the plain form: cosine 0.9946 on its worst picture).
-- plain (any target; the only one for bm1880): float ops between QuantizeLinear/DequantizeLinear pairs, for
+- exact (the default for every target): for cv18xx, bpu, lyngor, dmp `write_qdq_exact` transcribes the graph
+  `passes.quantize(..., "cv18xx_int8")` makes into integer ONNX ops (passes/qdq_exact.py lists which ops are
+  exact integer, exact float, and plain float). Every int8 tensor of npuc's reference appears under its IR
+  name with the same codes; the model's inputs are quantized by a visible QuantizeLinear (scale th/127, zero
+  point 0) and its outputs leave through DequantizeLinear. Measured: bit-exact outputs and int8 tensors on
+  smallcnn and on the PP-LCNet orientation classifier (the plain form: cosine 0.9946 on its worst picture).
+  For bm1880 `write_qdq_bm1880` writes the layers of the bm1880 backend's own lowering as integer ops
+  (passes/qdq_bm1880.py): the bmodel's simulated outputs, code for code (smallcnn, MTCNN P-Net).
+- plain (any target): float ops between QuantizeLinear/DequantizeLinear pairs, for
   tools that expect pure QDQ. Every int8 activation T becomes `T --Q--> T_q --DQ--> T_dq` with scale s and
   zero point 0; weights are int8 initializers behind a DequantizeLinear (per output channel where the scheme
   is), biases int32 at the accumulator scale. A `QdqPlan` holds those numbers; each target names how its
@@ -41,6 +43,7 @@ from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import CalibrationTable
 from npuc.passes.colorspace import PreprocessAffine
 from npuc.passes.fixedpoint import bm1880_quantize_layer
+from npuc.passes.qdq_bm1880 import BM1880_NOTE, lower_for_export, write_bm1880_nodes
 from npuc.passes.qdq_exact import ExactBuilder, int8_value_infos, write_exact_nodes
 from npuc.passes.qdq_ops import EMITTERS, OPSET, OnnxBuilder, input_value
 from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
@@ -323,6 +326,32 @@ def write_qdq_exact(
     return _model(qgraph, e.b, inputs, name, doc, int8_value_infos(qgraph))
 
 
+def write_qdq_bm1880(
+    graph: Graph,
+    thresholds: Mapping[str, float],
+    table_names: dict[str, str] | None = None,
+    name: str | None = None,
+    prologues: Mapping[str, InputPrologue] | None = None,
+) -> onnx.ModelProto:
+    """The exact bm1880 form of the canonicalized float `graph` (passes/qdq_bm1880.py): the layers
+    `backends.bm1880.quantize.lower(graph, thresholds, table_names)` makes — what `npuc build --target bm1880`
+    compiles — in integer ONNX ops, then the float ops BMNet leaves to the host. The int8 codes of each bmodel
+    output are in the model (value_info documented "bmodel output '<name>'")."""
+    lowering = lower_for_export(graph, thresholds, table_names)
+    e = ExactBuilder(graph)
+    prologues = prologues or {}
+    values, inputs = {}, []
+    for n in graph.inputs:
+        prologue = prologues.get(n)
+        values[n], info = input_value(e.b, graph, n, prologue.affine if prologue is not None else None)
+        inputs.append(info)
+    floats, infos = write_bm1880_nodes(e, graph, lowering, values)
+    for out in graph.outputs:
+        if floats.get(out) != out:
+            e.b.node("Identity", [floats[out]], out)
+    return _model(graph, e.b, inputs, name, BM1880_NOTE, infos)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Per target
 
@@ -361,12 +390,51 @@ TARGET_PLANS: Mapping[str, PlanMaker] = MappingProxyType(
 
 
 FORMS = ("exact", "plain")
-# Targets whose plan is passes.quantize's cv18xx_int8 graph, which the exact form transcribes op by op.
-EXACT_TARGETS = frozenset({"cv18xx", "bpu", "lyngor", "dmp"})
 EXACT_NOTE = (
     "exact form: int8 tensors are integer codes computed as npuc's reference does (ConvInteger/MatMulInteger, "
     "int64 QDM requantization, LUT gathers); boundaries are QuantizeLinear/DequantizeLinear"
 )
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What an exact-form writer gets: the float graph, the table, and the export options."""
+
+    graph: Graph
+    target: str
+    table: CalibrationTable
+    float_layers: tuple[str, ...]
+    prologues: Mapping[str, InputPrologue] | None
+    model_path: str | Path | None
+    output_dequant: str
+
+
+def _exact_symmetric(req: ExportRequest) -> onnx.ModelProto:
+    """The targets whose int8 is passes.quantize's cv18xx_int8 graph, transcribed op by op."""
+    thresholds = thresholds_for_model(req.graph, req.table, req.model_path)
+    qgraph, plan = TARGET_PLANS[req.target](req.graph, thresholds, req.float_layers)
+    note = f"{plan.note}; {EXACT_NOTE}"
+    return write_qdq_exact(qgraph, req.graph.name, req.prologues, req.output_dequant, note)
+
+
+def _exact_bm1880(req: ExportRequest) -> onnx.ModelProto:
+    """The bm1880 backend's lowering (its own threshold matching, as `npuc build --target bm1880` does)."""
+    if req.float_layers:
+        raise UserError("bm1880 runs every layer in int8; drop --float-layers or use --form plain")
+    names = tensor_table_names(load_model(req.model_path)) if req.model_path is not None else None
+    return write_qdq_bm1880(req.graph, req.table.thresholds(), names, req.graph.name, req.prologues)
+
+
+EXACT_WRITERS: Mapping[str, Callable[[ExportRequest], onnx.ModelProto]] = MappingProxyType(
+    {
+        "cv18xx": _exact_symmetric,
+        "bpu": _exact_symmetric,
+        "lyngor": _exact_symmetric,
+        "dmp": _exact_symmetric,
+        "bm1880": _exact_bm1880,
+    }
+)
+EXACT_TARGETS = frozenset(EXACT_WRITERS)
 
 
 def default_form(target: str) -> str:
@@ -385,17 +453,19 @@ def qdq_for_target(
 ) -> onnx.ModelProto:
     """The QDQ model of the float `graph` as `target` quantizes it with `table` (`model_path`: the ONNX file
     the graph came from, to match table names of folded tensors). `form`: "exact" (integer ops that
-    reproduce npuc's int8 reference; the default where the target has it) or "plain" (float ops between
-    QuantizeLinear/DequantizeLinear pairs, for tools that expect pure QDQ)."""
+    reproduce npuc's int8 — for bm1880 the bmodel's arithmetic; the default) or "plain" (float ops between
+    QuantizeLinear/DequantizeLinear pairs, for tools that expect pure QDQ). `output_dequant` applies to the
+    cv18xx_int8 exact form (bm1880 outputs are always q·T/128 in float32, as its runner gives them)."""
     if target not in TARGET_PLANS:
         raise UserError(f"no QDQ export for target '{target}'; choose one of {', '.join(sorted(TARGET_PLANS))}")
     form = form or default_form(target)
     if form not in FORMS:
         raise UserError(f"unknown QDQ form '{form}'; choose one of {', '.join(FORMS)}")
-    if form == "exact" and target not in EXACT_TARGETS:
-        raise UserError(f"target '{target}' has no exact QDQ form (its int8 runs outside npuc's reference); use plain")
+    if form == "exact":
+        if target not in EXACT_WRITERS:
+            raise UserError(f"target '{target}' has no exact QDQ form; use --form plain")
+        request = ExportRequest(graph, target, table, tuple(float_layers), prologues, model_path, output_dequant)
+        return EXACT_WRITERS[target](request)
     thresholds = thresholds_for_model(graph, table, model_path)
     qgraph, plan = TARGET_PLANS[target](graph, thresholds, tuple(float_layers))
-    if form == "exact":
-        return write_qdq_exact(qgraph, graph.name, prologues, output_dequant, f"{plan.note}; {EXACT_NOTE}")
     return write_qdq(qgraph, plan, graph.name, prologues)

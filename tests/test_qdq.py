@@ -1,9 +1,12 @@
 """QDQ ONNX export: onnxruntime runs npuc's int8 numerics. The exact form gives the quantized reference's int8
 tensors and outputs bit for bit (smallcnn, PP-LCNet, an every-op model with bf16 fallbacks); the plain form
-(float ops between QuantizeLinear/DequantizeLinear) agrees to cosine 0.9999 on smallcnn and 0.99 on PP-LCNet."""
+(float ops between QuantizeLinear/DequantizeLinear) agrees to cosine 0.9999 on smallcnn and 0.99 on PP-LCNet.
+bm1880's exact form gives the output codes of the bmodel npuc builds, simulated from its bytes (smallcnn, P-Net,
+every layer form of the bm1880 lowering)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +14,22 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from npuc.backends.bm1880.build import build as build_bmodel
+from npuc.backends.bm1880.build import compile_bmodel
+from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
+from npuc.backends.bm1880.sim import quantize as bm1880_runner_quantize
+from npuc.backends.bm1880.sim import run_bmodel
 from npuc.compiler.cli import main
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
+from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.models.images import model_inputs
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import read_table
+from npuc.models.make_models import make_all
+from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
+from npuc.passes.calitable import CalibrationTable, Threshold, read_table, write_table
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.fixedpoint import (
     bm1880_quantize_layer,
@@ -34,8 +44,10 @@ from npuc.passes.qdq import (
     qdq_for_target,
     thresholds_for_model,
     write_qdq,
+    write_qdq_bm1880,
     write_qdq_exact,
 )
+from npuc.passes.qdq_bm1880 import lower_for_export
 from npuc.passes.qdq_exact import ExactBuilder
 from npuc.passes.quantize import ThresholdMap, quantize
 from onnx import TensorProto, helper, numpy_helper
@@ -141,7 +153,7 @@ def test_bm1880_plan_uses_th_over_128_and_layer_shift(smallcnn):
     np.testing.assert_array_equal(plan.consts[(op.name, 1)].data, layer.weight)
     assert float(plan.consts[(op.name, 1)].scale) == pytest.approx(ty / (tx * 2**layer.rshift))
     assert float(plan.consts[(op.name, 2)].scale) == pytest.approx(ty / (128 * 2**layer.rshift))
-    model = session(qdq_for_target(smallcnn, "bm1880", table, model_path=GOLDEN / "smallcnn.onnx"))
+    model = session(qdq_for_target(smallcnn, "bm1880", table, model_path=GOLDEN / "smallcnn.onnx", form="plain"))
     for feed in smallcnn_feeds()[:4]:
         assert cosine(model.run(None, feed)[0], run(smallcnn, feed)["output"]) >= 0.999
 
@@ -219,8 +231,8 @@ def test_export_calibrates_from_data(tmp_path):
          str(GOLDEN / "smallcnn_cali_samples"), "--method", "max"]
     )  # fmt: skip
     model = onnx.load(str(out))
-    assert model.doc_string.startswith("bm1880")
-    assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) >= 10
+    assert model.doc_string.startswith("bm1880 exact form")  # bm1880's default form
+    assert sum(n.op_type == "ConvInteger" for n in model.graph.node) == 7  # 6 conv/dw/fc layers + the avg pool
 
 
 @pytest.mark.parametrize(
@@ -429,10 +441,214 @@ def test_export_forms_on_the_command_line(tmp_path, capsys):
     ops_of = {f: {n.op_type for n in onnx.load(str(tmp_path / f"{f}.onnx")).graph.node} for f in ("exact", "plain")}
     assert {"ConvInteger", "MatMulInteger"} <= ops_of["exact"] and "Conv" not in ops_of["exact"]
     assert {"Conv", "Gemm"} <= ops_of["plain"] and "ConvInteger" not in ops_of["plain"]
+    cli([*base, "-t", "bm1880", "--form", "plain", "-o", str(tmp_path / "bm_plain.onnx")])
+    bm_plain = {n.op_type for n in onnx.load(str(tmp_path / "bm_plain.onnx")).graph.node}
+    assert {"Conv", "Gemm", "QuantizeLinear"} <= bm_plain and "ConvInteger" not in bm_plain
     for extra, message in [
-        (["-t", "bm1880", "--form", "exact"], "target 'bm1880' has no exact QDQ form"),
+        (["-t", "bm1880", "--float-layers", "conv_2"], "bm1880 runs every layer in int8; drop --float-layers"),
         (["-t", "cv18xx", "--form", "fast"], "unknown QDQ form 'fast'; choose one of exact, plain"),
     ]:
         with pytest.raises(SystemExit) as info:
             main([*base, *extra, "-o", str(tmp_path / "x.onnx")])
         assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+# ---- bm1880: the exact form against the bmodel simulator --------------------------------------------------------
+
+
+def bm1880_build(graph: Graph, model_path: Path, table: Path, out: Path) -> BModel:
+    """`npuc build --target bm1880` through the backend's entry point, read back from the file's bytes."""
+    build_bmodel(BuildRequest(graph, model_path, out, calib_table=table))
+    return load_bmodel(out)
+
+
+def bmodel_codes(model: BModel, feed: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(int8 codes, float values) of the simulated bmodel's outputs: the runner returns q·float32(T/128), from
+    which q is recovered exactly (checked)."""
+    floats = run_bmodel(model, {"input": feed})
+    codes = {}
+    for t in model.commands[0].outputs:
+        scale = np.float32(t.threshold / 128.0)
+        q = np.rint(floats[t.name] / scale)
+        np.testing.assert_array_equal(q.astype(np.float32) * scale, floats[t.name])
+        codes[t.name] = q.astype(np.int8)
+    return codes, floats
+
+
+def with_bmodel_output_codes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """`model` with the int8 codes of each bmodel output (value_info documented as such) as extra outputs;
+    returns it and bmodel output name -> ONNX name."""
+    names = {}
+    for info in model.graph.value_info:
+        if found := re.match(r"bmodel output '(.+?)'", info.doc_string):
+            names[found.group(1)] = info.name
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.INT8, None) for n in names.values())
+    return probe, names
+
+
+def run_named(sess: ort.InferenceSession, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+
+
+def assert_codes_equal(got: dict[str, np.ndarray], names: dict[str, str], codes: dict[str, np.ndarray]) -> int:
+    """Every bmodel output's codes equal the ONNX model's; returns how many codes were compared."""
+    assert set(names) == set(codes)
+    for name, onnx_name in names.items():
+        np.testing.assert_array_equal(got[onnx_name].reshape(codes[name].shape), codes[name])
+    return sum(c.size for c in codes.values())
+
+
+def max_abs_thresholds(graph: Graph, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    table: dict[str, float] = {}
+    for feed in feeds:
+        for name, value in run(graph, feed, keep_all=True).items():
+            if name in graph.tensors and graph.tensors[name].data is None:
+                table[name] = max(table.get(name, 1e-3), float(np.abs(value).max()))
+    return table
+
+
+def test_bm1880_exact_form_equals_the_bmodel_on_smallcnn(smallcnn, tmp_path):
+    """`npuc export -t bm1880 --qdq` (exact by default) against the bmodel `npuc build -t bm1880` writes, simulated
+    from its bytes: the 10 output codes of all 9 pictures are identical, and so are the dequantized floats."""
+    table = GOLDEN / "smallcnn_cali_table.txt"
+    bmodel = bm1880_build(smallcnn, GOLDEN / "smallcnn.onnx", table, tmp_path / "smallcnn.bmodel")
+    out = tmp_path / "smallcnn_bm1880.onnx"
+    cli(["export", str(GOLDEN / "smallcnn.onnx"), "-t", "bm1880", "--qdq", "--calib", str(table), "-o", str(out)])
+    probe, names = with_bmodel_output_codes(onnx.load(str(out)))
+    assert names == {"output": "output_int8"}
+    sess = session(probe)
+    compared, distinct = 0, set()
+    for feed in smallcnn_feeds():
+        codes, floats = bmodel_codes(bmodel, feed["input"])
+        got = run_named(sess, feed)
+        compared += assert_codes_equal(got, names, codes)
+        np.testing.assert_array_equal(got["output"], floats["output"])
+        distinct |= set(codes["output"].ravel().tolist())
+    assert compared == 90 and len(distinct) >= 40  # 55 distinct codes: a real spread, not a saturated output
+    counts: dict[str, int] = {}
+    for node in probe.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    assert counts["ConvInteger"] == 7 and counts["MaxPool"] == 1  # 4 conv, 1 depthwise, fc, the avg pool's sums
+    assert counts["QuantizeLinear"] == 1 and counts["DequantizeLinear"] == 1
+    assert not {"Conv", "Gemm", "MatMul"} & set(counts)
+
+
+def test_bm1880_input_quantization_matches_the_runner(smallcnn):
+    """sat8(floor(x·128/T + 0.5)) in float64, over ±300 half steps (ties and saturation): the ONNX input codes
+    equal the bmodel runner's."""
+    table = read_table(GOLDEN / "smallcnn_cali_table.txt").thresholds()
+    names = tensor_table_names(onnx.load(str(GOLDEN / "smallcnn.onnx")))
+    threshold = lower_for_export(smallcnn, table, names).net.thresholds["input"]
+    step = np.float32(threshold) / np.float32(128)
+    x = np.zeros(smallcnn.shape("input"), np.float32).ravel()
+    x[:1201] = np.arange(-600, 601, dtype=np.float32) / np.float32(2) * step
+    x = x.reshape(smallcnn.shape("input"))
+    probe = onnx.ModelProto()
+    probe.CopyFrom(write_qdq_bm1880(smallcnn, table, names))
+    probe.graph.output.append(helper.make_tensor_value_info("input_int8", TensorProto.INT8, None))
+    codes = run_named(session(probe), {"input": x})["input_int8"]
+    expected = bm1880_runner_quantize(x, threshold)
+    np.testing.assert_array_equal(codes, expected)
+    assert expected.min() == -128 and expected.max() == 127
+
+
+@pytest.fixture(scope="module")
+def pnet_bm1880(real_model, tmp_path_factory):
+    """The MTCNN P-Net at 160x120 with max-abs thresholds of 3 of its real pictures (written as a cali_table);
+    the 3 pictures after them are the test inputs (values past a threshold saturate)."""
+    path = real_model("mtcnn_pnet")
+    graph = import_onnx(path, {"input_1": (1, 160, 120, 3)})
+    canonicalize(graph)
+    feeds = model_inputs("mtcnn_pnet", 6)
+    thresholds = max_abs_thresholds(graph, feeds[:3])
+    table = tmp_path_factory.mktemp("pnet_bm1880") / "pnet_cali_table"
+    write_table(CalibrationTable({n: Threshold(t, -t, t) for n, t in thresholds.items()}), table)
+    return path, graph, table, feeds[3:]
+
+
+def test_bm1880_exact_form_equals_the_bmodel_on_pnet(pnet_bm1880, tmp_path):
+    """Box regression (4 x 75 x 55) and face scores (2 x 75 x 55) of three real pictures: every int8 code of
+    the two bmodel outputs is identical (74,250 codes). The host tail BMNet leaves out of the bmodel follows in
+    float32: the box transpose is exact; the softmax of the face scores is onnxruntime's against numpy's
+    (cosine 1.0, |difference| <= 8.5e-8 measured: float rounding of exp and sum only)."""
+    path, graph, table, feeds = pnet_bm1880
+    bmodel = bm1880_build(graph, path, table, tmp_path / "pnet.bmodel")
+    model = qdq_for_target(graph, "bm1880", read_table(table), model_path=path)
+    probe, names = with_bmodel_output_codes(model)
+    assert set(names) == {"convolution_output", "convolution_output1"}
+    sess = session(probe)
+    compared = 0
+    for feed in feeds:
+        codes, floats = bmodel_codes(bmodel, np.ascontiguousarray(feed["input_1"].transpose(0, 3, 1, 2)))
+        got = run_named(sess, feed)
+        compared += assert_codes_equal(got, names, codes)
+        assert len(np.unique(codes["convolution_output"])) >= 100
+        np.testing.assert_array_equal(got["conv2d_4"], floats["convolution_output"].transpose(0, 2, 3, 1))
+        face = floats["convolution_output1"].transpose(0, 2, 3, 1).astype(np.float64)
+        prob = np.exp(face - face.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        assert cosine(got["softmax"], prob) >= 0.9999
+        assert float(np.abs(got["softmax"] - prob).max()) < 1e-6
+    assert compared == 3 * 6 * 75 * 55
+
+
+def _bm1880_mix_model(path: Path) -> None:
+    """A ReLU layer of its own, eltwise max, a ceil-mode 3x3/2 max pool, concat and LeakyReLU."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+             for n, s in (("w1", (8, 4, 3, 3)), ("b1", (8,)), ("w2", (8, 4, 1, 1)))]  # fmt: skip
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        n("Relu", ["x"], ["xr"]),
+        n("Conv", ["xr", "w2"], ["c2"]),
+        n("Max", ["c1", "c2"], ["mx"]),
+        n("MaxPool", ["mx"], ["mp"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+        n("AveragePool", ["mx"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("Concat", ["mp", "ap"], ["cat"], axis=1),
+        n("LeakyRelu", ["cat"], ["y"], alpha=0.2),
+    ]
+    graph = helper.make_graph(
+        nodes, "bm1880_mix", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])], initializer=inits,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+
+
+BM1880_FAMILIES = (
+    "tinycnn", "conv_depthwise", "conv_group", "conv_dilated", "conv_asym_pad", "conv_1x1_nobias", "conv_bn_relu",
+    "pool_max_3x3_s2", "pool_avg", "pool_global_avg", "eltwise_add", "act_relu", "act_leakyrelu", "act_prelu", "gemm",
+    "matmul_dense", "concat",
+)  # fmt: skip
+
+
+def test_bm1880_exact_form_equals_the_bmodel_on_every_layer_form(tmp_path):
+    """17 op-family models and a mix of eltwise max / ceil pool / concat / leaky, with thresholds of 0.7x..1.3x
+    the max so that pools, concat inputs and activation sides requantize and values saturate: all output codes
+    equal the bmodel's, and every layer form of the bm1880 lowering was exercised."""
+    paths = make_all(tmp_path, list(BM1880_FAMILIES))
+    _bm1880_mix_model(tmp_path / "mix.onnx")
+    paths["mix"] = tmp_path / "mix.onnx"
+    rng = np.random.default_rng(11)
+    forms: set[str] = set()
+    compared = 0
+    for name, path in paths.items():
+        graph = import_and_canon(path)
+        inp = graph.inputs[0]
+        feeds = [{inp: rng.standard_normal(graph.shape(inp)).astype(np.float32)} for _ in range(3)]
+        table = {t: v * float(rng.uniform(0.7, 1.3)) for t, v in max_abs_thresholds(graph, feeds).items()}
+        bmodel, _, _ = compile_bmodel([graph], table, None, "layer-group", name)
+        bmodel = read_bmodel(write_bmodel(bmodel))
+        for layer in lower_for_export(graph, table, None).net.layers:
+            requant = layer.kind in ("pool", "concat") and any(m != 1 for m in layer.multipliers)
+            forms.add(f"{layer.kind}:{layer.mode}{':requant' if requant else ''}")
+        probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table))
+        sess = session(probe)
+        for feed in feeds:
+            codes, _ = bmodel_codes(bmodel, feed[inp])
+            compared += assert_codes_equal(run_named(sess, feed), names, codes)
+    assert {"conv:", "dwconv:", "pool:max:requant", "pool:avg:requant", "act:relu", "act:leaky",
+            "act:prelu", "eltwise:add", "eltwise:max", "concat:1:requant"} <= forms  # fmt: skip
+    assert compared > 90_000  # measured 94,044 codes

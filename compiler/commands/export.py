@@ -1,7 +1,8 @@
 """`npuc export MODEL --target T --qdq [--form exact|plain] -o out.onnx [--calib TABLE | --calib-data DIR]`:
 npuc's quantization of MODEL for target T as a QDQ ONNX that onnxruntime runs (what each target's model
-represents: passes/qdq.py). The exact form (default for cv18xx, bpu, lyngor, dmp) reproduces npuc's int8
-reference bit for bit with integer ops (passes/qdq_exact.py); the plain form is pure QDQ."""
+represents: passes/qdq.py). The exact form (the default for every target) reproduces npuc's int8 arithmetic
+bit for bit with integer ops (passes/qdq_exact.py; bm1880's per-layer shifts: passes/qdq_bm1880.py); the plain
+form is pure QDQ."""
 
 from __future__ import annotations
 
