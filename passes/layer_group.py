@@ -7,7 +7,8 @@ Rows an earlier tile also needed are computed again: the price of never spilling
 
 This module is target-neutral: the geometry (which input rows an op reads) and the greedy formation. A
 target says which ops may join (`can_join`) and how many output rows per tile fit its local memory
-(`rows_that_fit`, 0 when none do).
+(`rows_that_fit`, 0 when none do). A target whose op records are not IR ops passes its own `window`
+(op -> RowWindow) and a graph view with `shape(name)` and `tensors[name].is_const`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def row_window(graph: Graph, op: Op) -> RowWindow:
     return fn(graph, op) if fn is not None else SAME_ROWS
 
 
+WindowOf = Callable[[Graph, Op], RowWindow]
+
+
 @dataclass(frozen=True)
 class Read:
     """What one op input reads in one tile: the rows it needs (unclamped) and those that exist."""
@@ -74,6 +78,7 @@ class Tile:
     batch: int
     rows: dict[str, Rows]  # tensor -> rows the tile holds (union over its readers)
     reads: dict[tuple[str, int], Read]  # (op name, input index) -> what that input reads
+    count: int = 1  # batch items [batch, batch + count) computed together
 
 
 @dataclass
@@ -85,6 +90,8 @@ class LayerGroup:
     output: str
     internal: list[str]
     rows: int = 0  # output rows per tile (set by the target once it fits)
+    window: WindowOf = field(default=row_window, repr=False, compare=False)
+    batch_step: int = 1  # batch items per tile (a target may raise it when whole items fit)
     name: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,12 +105,12 @@ class LayerGroup:
     def kind(self) -> str:
         return "layer_group"
 
-    def tile(self, graph: Graph, batch: int, out_rows: Rows) -> Tile:
+    def tile(self, graph: Graph, batch: int, out_rows: Rows, count: int = 1) -> Tile:
         rows: dict[str, Rows] = {self.output: out_rows}
         reads: dict[tuple[str, int], Read] = {}
         for op in reversed(self.ops):
             produced = rows[op.outputs[0]]
-            window = row_window(graph, op)
+            window = self.window(graph, op)
             for index, name in enumerate(op.inputs):
                 if not name or graph.tensors[name].is_const:
                     continue
@@ -113,21 +120,23 @@ class LayerGroup:
                 reads[(op.name, index)] = Read(wanted, have)
                 old = rows.get(name)
                 rows[name] = have if old is None else (min(old[0], have[0]), max(old[1], have[1]))
-        return Tile(batch, rows, reads)
+        return Tile(batch, rows, reads, count)
 
-    def tiles(self, graph: Graph, rows: int | None = None) -> Iterator[Tile]:
+    def tiles(self, graph: Graph, rows: int | None = None, batch_step: int | None = None) -> Iterator[Tile]:
         rows = rows or self.rows
+        step = batch_step or self.batch_step
         batch, _, height, _ = graph.shape(self.output)
-        for b in range(batch):
+        for b in range(0, batch, step):
             for start in range(0, height, rows):
-                yield self.tile(graph, b, (start, min(height, start + rows)))
+                yield self.tile(graph, b, (start, min(height, start + rows)), min(step, batch - b))
 
 
 def _height(graph: Graph, name: str) -> int:
     return graph.shape(name)[2]
 
 
-def _make_group(graph: Graph, ops: list[Op]) -> LayerGroup:
+def make_group(graph: Graph, ops: list[Op], window: WindowOf = row_window) -> LayerGroup:
+    """The group of a run of ops (also a run of one, for a target that plans lone ops the same way)."""
     produced = [op.outputs[0] for op in ops]
     inside = set(produced)
     inputs = [
@@ -135,7 +144,7 @@ def _make_group(graph: Graph, ops: list[Op]) -> LayerGroup:
         for n in dict.fromkeys(n for op in ops for n in op.inputs)
         if n and n not in inside and not graph.tensors[n].is_const
     ]
-    return LayerGroup(list(ops), inputs, produced[-1], produced[:-1])
+    return LayerGroup(list(ops), inputs, produced[-1], produced[:-1], window=window)
 
 
 def _closed(ops: list[Op], readers: dict[str, set[int]], start: int, pinned: set[str]) -> bool:
@@ -154,11 +163,12 @@ def form_groups(
     can_join: Callable[[Op], bool],
     rows_that_fit: Callable[[LayerGroup], int],
     pinned: set[str],
+    window: WindowOf = row_window,
 ) -> list[Op | LayerGroup]:
     """The schedule with runs of joinable ops replaced by layer groups (greedy: each group as long as it fits).
 
     `pinned`: tensors that must reach gmem (model outputs, CPU routine operands). A run of one op stays a
-    plain op: its kernel tiles it on its own.
+    plain op: its kernel tiles it on its own. `window`: op -> RowWindow for op records that are not IR ops.
     """
     readers: dict[str, set[int]] = {}
     for i, op in enumerate(ops):
@@ -174,7 +184,7 @@ def form_groups(
             j += 1
             if len(run) < 2 or not _closed(run, readers, i, pinned):
                 continue
-            group = _make_group(graph, run)
+            group = make_group(graph, run, window)
             group.rows = rows_that_fit(group)
             if group.rows == 0:
                 break  # a longer run only needs more local memory

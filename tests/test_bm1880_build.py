@@ -319,7 +319,12 @@ def test_pnet_with_npuc_calibration(pnet_onnx, vendor_pnet, tmp_path):
     assert _cos(ours["convolution_output"], box.transpose(0, 3, 1, 2)) >= 0.99  # measured 0.9947
     assert _cos(_softmax(ours["convolution_output1"], 1), prob.transpose(0, 3, 1, 2)) >= 0.99  # 0.9989
     vendor = run_bmodel(vendor_pnet, {"input": x})
-    assert _cos(ours["convolution_output"], vendor["conv4-2"]) >= 0.98  # measured 0.9878
+    # measured 0.9878 (the goal 0.99 is met with the vendor's own thresholds: 0.9961). BMNet's calibration
+    # (ONNC's KL: 2048 bins, zeros kept in bin 0) gives npuc's KL thresholds here (P-Net has no exact zeros);
+    # max/percentile/mse give 0.9866/0.9839/0.9815. The vendor's thresholds are 1.0-2.1x npuc's, above the
+    # max-abs of these images (conv1 13.78 vs 9.59): other calibration data. Both bmodels are close to float
+    # (box cosine: npuc 0.9947, vendor 0.9912), so they differ from each other more than from float.
+    assert _cos(ours["convolution_output"], vendor["conv4-2"]) >= 0.98
 
 
 def test_pnet_opt_levels_agree_on_a_large_shape(pnet_onnx, pnet_vendor_table):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
 from npuc.passes.canonicalize import canonicalize
-from npuc.passes.layer_group import LayerGroup, RowWindow, form_groups
+from npuc.passes.layer_group import LayerGroup, RowWindow, form_groups, make_group
 
 GROUPABLE = {"conv2d", "pool2d", "eltwise", "activation"}
 
@@ -76,3 +78,58 @@ def test_nothing_fits_leaves_plain_ops(tmp_path: Path) -> None:
     assert units == graph.ops
     units = form_groups(graph, graph.ops, lambda op: False, lambda g: 4, set())
     assert units == graph.ops
+
+
+def test_batch_steps_group_items_and_cover_the_batch(tmp_path: Path) -> None:
+    graph = _graph(tmp_path, lambda b: b.conv(b.op("Relu", b.conv("input", 4, 8)), 8, 8), shape=(3, 4, 16, 12))
+    (group,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 8, set())
+    assert [(t.batch, t.count, t.rows["output"]) for t in group.tiles(graph)] == [
+        (b, 1, r) for b in range(3) for r in ((0, 8), (8, 16))
+    ]
+    group.batch_step = 2
+    assert [(t.batch, t.count) for t in group.tiles(graph, 16)] == [(0, 2), (2, 1)]
+
+
+@dataclass
+class _Rec:
+    """A target's own op record (not an IR op): what the pass reads is name, kind, inputs and outputs."""
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: list[str]
+    kernel: int = 1
+    stride: int = 1
+
+
+@dataclass
+class _View:
+    shapes: dict[str, tuple[int, int, int, int]]
+    tensors: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tensors = {n: SimpleNamespace(is_const=False) for n in self.shapes}
+
+    def shape(self, name: str) -> tuple[int, int, int, int]:
+        return self.shapes[name]
+
+
+def test_target_records_with_their_own_windows() -> None:
+    view = _View({"x": (1, 8, 20, 20), "a": (1, 8, 9, 9), "b": (1, 8, 9, 9), "y": (1, 8, 9, 9)})
+    recs = [
+        _Rec("pool", "pool", ("x",), ["a"], kernel=3, stride=2),
+        _Rec("act", "act", ("a",), ["b"]),
+        _Rec("add", "add", ("a", "b"), ["y"]),
+    ]
+
+    def window(graph, rec):  # noqa: ANN001, ANN202
+        return RowWindow(rec.kernel, rec.stride)
+
+    (group,) = form_groups(view, recs, lambda r: True, lambda g: 3, set(), window)
+    assert group.inputs == ["x"] and group.internal == ["a", "b"] and group.output == "y"
+    tile = list(group.tiles(view))[1]
+    assert tile.rows == {"y": (3, 6), "a": (3, 6), "b": (3, 6), "x": (6, 13)}
+    assert tile.reads[("pool", 0)].pads == (0, 0)
+    lone = make_group(view, recs[:1], window)
+    assert (lone.inputs, lone.output, lone.internal) == (["x"], "a", [])
+    assert next(iter(lone.tiles(view, 9))).rows["x"] == (0, 19)

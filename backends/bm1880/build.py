@@ -27,8 +27,9 @@ from npuc.compiler.ir import Graph
 from npuc.compiler.targets import BuildRequest, BuildResult
 
 from .cmdbuf import encode_cmdbuf
-from .codegen import OPT_LEVELS, Program, WeightBlob, form_groups, plan_neurons
+from .codegen import Program, WeightBlob, plan_neurons
 from .container import CHIP_BM1880, FMT_I8, BModel, Command, TensorInfo, write_bmodel
+from .groups import OPT_LEVELS, form_units
 from .quantize import LoweredNet, load_thresholds, lower
 
 DEFAULT_OPT = "layer-group"
@@ -47,11 +48,11 @@ class CommandStats:
 
 def compile_command(net: LoweredNet, blob: WeightBlob, opt: str) -> tuple[Command, CommandStats]:
     """One command: layer groups, neuron plan and cmdbuf for a lowered net."""
-    groups = form_groups(net, opt)
-    offsets, neuron_size = plan_neurons(net, groups)
+    units = form_units(net, opt)
+    offsets, neuron_size = plan_neurons(net, units)
     program = Program(net, blob, offsets)
-    for group in groups:
-        program.run_group(group)
+    for unit in units:
+        program.run_unit(unit)
     cmdbuf = encode_cmdbuf(program.em.instructions)
 
     def info(name: str, label: str, shape: tuple[int, ...]) -> TensorInfo:
@@ -61,7 +62,7 @@ def compile_command(net: LoweredNet, blob: WeightBlob, opt: str) -> tuple[Comman
     outputs = tuple(info(n, n, net.ir_shapes[n]) for n in net.outputs)
     command = Command(inputs, outputs, cmdbuf, max(neuron_size, 1))
     stats = CommandStats(inputs[0].shape if inputs else (), len(cmdbuf), command.neuron_size, program.em.ddr_bytes,
-                         len(groups))  # fmt: skip
+                         len(units))  # fmt: skip
     return command, stats
 
 

@@ -27,17 +27,29 @@ def lane_blocks(c: int) -> int:
 
 @dataclass(frozen=True)
 class LTensor:
-    """A tensor in local memory: channel c in lane c % 32; `aligned` = EU-aligned channel stride."""
+    """A tensor in local memory: channel c in lane c % 32; `aligned` = EU-aligned channel stride.
+    `fixed`: the strides of a larger tensor this one is a view of (rows of a tile that holds more)."""
 
     addr: int
     shape: Shape4
     aligned: bool = True
+    fixed: Shape4 | None = None
 
     @property
     def strides(self) -> Shape4:
+        if self.fixed is not None:
+            return self.fixed
         n, c, h, w = self.shape
         c_str = align(h * w) if self.aligned else h * w
         return (lane_blocks(c) * c_str, c_str, w, 1)
+
+    def rows(self, held_from: int, rows: tuple[int, int]) -> LTensor:
+        """Rows `rows` of this tensor, which holds rows from `held_from` on, as a view with its strides."""
+        n, c, h, w = self.shape
+        if rows == (held_from, held_from + h):
+            return self
+        offset = (rows[0] - held_from) * self.strides[2]
+        return LTensor(self.addr + offset, (n, c, rows[1] - rows[0], w), self.aligned, self.strides)
 
     @property
     def lane_bytes(self) -> int:

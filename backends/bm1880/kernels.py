@@ -119,17 +119,18 @@ def activation(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: in
         if (gt, gt_shift) != (64, 6):  # 64 >> 6 is the identity
             arith(em, "mul", y, y, gt, gt_shift)
         return
+    # the negative half is built in the output, never in the input: a later layer of the group may read it
     pos = LTensor(buf.work, x.shape)
     arith(em, "max", pos, x, 0)
     arith(em, "mul", pos, pos, gt, gt_shift)
-    arith(em, "min", x, x, 0)
+    arith(em, "min", y, x, 0)
     if layer.mode == "prelu":
         one = Layer(layer.name, "act", (), "", kernel=(1, 1))
-        _dwpool(em, "depthwise", one, LayerBuffers(x, x), Window((0, 0, 0, 0)), tsk_opd_num=2,
+        _dwpool(em, "depthwise", one, LayerBuffers(y, y), Window((0, 0, 0, 0)), tsk_opd_num=2,
                 opt_right_shift=le_shift, opd1_addr=buf.weight)  # fmt: skip
     else:
-        arith(em, "mul", x, x, le, le_shift)
-    arith(em, "or", y, pos, x, opt_res0_sign=0, opt_opd0_sign=0, opt_opd1_sign=0)
+        arith(em, "mul", y, y, le, le_shift)
+    arith(em, "or", y, pos, y, opt_res0_sign=0, opt_opd0_sign=0, opt_opd1_sign=0)
 
 
 def eltwise(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -> None:

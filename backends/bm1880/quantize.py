@@ -46,6 +46,11 @@ class Layer:
     multipliers: tuple[int, ...] = ()  # pool/concat/eltwise: per input; act: (gt_scale, le_scale)
     shifts: tuple[int, ...] = ()  # concat: per input; act: (gt_shift, le_shift)
 
+    @property
+    def outputs(self) -> list[str]:
+        """The op-record interface passes/layer_group.py reads."""
+        return [self.output]
+
 
 @dataclass
 class LoweredNet:

@@ -18,7 +18,8 @@ register_target(
         status=(
             "builds int8 .bmodels (conv incl. depthwise/grouped, max/avg pool, FC, eltwise add/max, "
             "ReLU/LeakyReLU/PReLU, concat, reshape; one command per input shape; --opt none|layer-group|"
-            "layer-group-weight) from a cali_table or BMNet table; reads/inspects all three containers and "
+            "layer-group-weight, groups incl. residual blocks) from ONNX or Caffe with a cali_table or BMNet "
+            "table; reads/inspects all three containers and "
             "simulates bmodels from their bytes; softmax/output transposes are left to the host and other ops "
             "(e.g. ELU, sigmoid, resize) are rejected"
         ),
