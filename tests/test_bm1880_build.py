@@ -3,6 +3,7 @@ op-family models against onnxruntime, the three --opt levels, multi-shape files,
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -67,11 +68,21 @@ def lenet_no_elu(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lenet_bmodel(lenet_no_elu, tmp_path_factory) -> Path:
+def lenet_bmodel(tmp_path_factory) -> Path:
+    """The golden float LeNet as it is: its final ELU is left to the host, as BMNet does with CPU layers."""
     out = tmp_path_factory.mktemp("lenet_out") / "lenet.bmodel"
     calib = GOLDEN / "bmnet_lenet_calibration.prototxt"
-    assert _cli("build", lenet_no_elu, "--target", "bm1880", "--calib", calib, "-o", out) == 0
+    assert _cli("build", GOLDEN / "lenet_float.onnx", "--target", "bm1880", "--calib", calib, "-o", out) == 0
     return out
+
+
+def test_lenet_final_elu_is_left_to_the_host(tmp_path, capsys):
+    calib = GOLDEN / "bmnet_lenet_calibration.prototxt"
+    out = tmp_path / "lenet.bmodel"
+    assert _cli("build", GOLDEN / "lenet_float.onnx", "--target", "bm1880", "--calib", calib, "--json", "-o", out) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["notes"] == ["left to the host (not in the bmodel): customized2 (activation)"]
+    assert [t.shape for t in load_bmodel(out).commands[0].outputs] == [(1, 10)]
 
 
 def _weight_loads(model: BModel) -> list[np.ndarray]:
@@ -109,6 +120,7 @@ def test_lenet_int8_weights_equal_the_vendor_caffemodel(lenet_bmodel):
 
 
 def test_lenet_run_gives_the_reference_class(lenet_bmodel, lenet_no_elu, tmp_path):
+    """The bmodel's output is the ELU's input (the host applies the ELU; it is monotonic, the class stays)."""
     x = np.fromfile(GOLDEN / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)
     np.savez(tmp_path / "in.npz", input=x)
     assert _cli("run", lenet_bmodel, "--input", tmp_path / "in.npz", "-o", tmp_path / "out.npz") == 0
@@ -174,15 +186,15 @@ def test_builds_are_byte_deterministic(lenet_no_elu, lenet_bmodel, tmp_path):
 
 
 def test_unsupported_op_names_the_node(tmp_path):
-    out = tmp_path / "lenet.bmodel"
-    with pytest.raises(UnsupportedError, match=r"op 'customized2' \(activation\) activation elu"):
-        graph = import_onnx(GOLDEN / "lenet_float.onnx")
-        canonicalize(graph)
-        from npuc.backends.bm1880.quantize import load_thresholds
-
-        compile_bmodel([graph], load_thresholds(GOLDEN / "bmnet_lenet_calibration.prototxt"), None, "none", "x")
+    """A sigmoid inside the net (not a host tail) has no BM1880 form: the node is named, exit 2, no file."""
+    model = make_all(tmp_path, ["act_sigmoid"])["act_sigmoid"]
+    graph = import_onnx(model)
+    canonicalize(graph)
+    with pytest.raises(UnsupportedError, match=r"op '[a-z_0-9]+' \(activation\) activation sigmoid"):
+        compile_bmodel([graph], dict.fromkeys(graph.tensors, 1.0), None, "none", "x")
     calib = GOLDEN / "bmnet_lenet_calibration.prototxt"
-    assert _cli("build", GOLDEN / "lenet_float.onnx", "--target", "bm1880", "--calib", calib, "-o", out) == 2
+    out = tmp_path / "lenet.bmodel"
+    assert _cli("build", model, "--target", "bm1880", "--calib", calib, "-o", out) == 2
     assert not out.exists()
     assert _cli("build", GOLDEN / "lenet_float.onnx", "--target", "bm1880", "-o", out) == 2  # no --calib
     assert _cli("build", GOLDEN / "lenet_float.onnx", "--target", "bm1880", "--calib", calib, "--opt", "fast",

@@ -23,6 +23,14 @@ from npuc.passes import fixedpoint as fp
 
 Shape4 = tuple[int, int, int, int]
 HOST_TAIL_KINDS = ("transpose", "softmax")
+HOST_TAIL_ACTIVATIONS = ("elu",)  # BMNet runs these as CPU ("customized") layers after the NPU
+
+
+def runs_on_host(op: Op) -> bool:
+    """An output op BMNet leaves to the host: transposes, softmax and its CPU activation layers."""
+    if op.kind == "activation":
+        return op.attrs.act.kind in HOST_TAIL_ACTIVATIONS
+    return op.kind in HOST_TAIL_KINDS
 MAX_PAD = 15  # 4-bit pad and stride fields of the BD (specs/bm1880.md §2.5)
 
 
@@ -117,7 +125,8 @@ def load_thresholds(path: Path) -> dict[str, float]:
 
 
 def strip_host_tail(graph: Graph) -> list[str]:
-    """Drop output transposes/softmax (run on the host, as BMNet does); returns the dropped op names."""
+    """Drop output transposes, softmax and CPU activations (run on the host, as BMNet does); returns the
+    dropped op names."""
     dropped: list[str] = []
     changed = True
     while changed:
@@ -125,7 +134,7 @@ def strip_host_tail(graph: Graph) -> list[str]:
         producers, consumers = graph.producers(), graph.consumers()
         for out in list(graph.outputs):
             op = producers.get(out)
-            if op is None or op.kind not in HOST_TAIL_KINDS or consumers.get(out):
+            if op is None or not runs_on_host(op) or consumers.get(out):
                 continue
             src = op.inputs[0]
             graph.outputs = [src if o == out else o for o in graph.outputs]
