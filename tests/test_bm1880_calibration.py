@@ -120,3 +120,30 @@ def test_build_new_table():
 def test_bad_tables(call, fragment):
     with pytest.raises(CorruptFileError, match=fragment):
         call()
+
+
+def test_npuc_exports_the_bmnet_table_of_the_lenet(tmp_path):
+    """From the Caffe LeNet and BMNet's thresholds, npuc's lowering writes BMNet's own table: the same right
+    shifts (8/10/11/10), pool multipliers (160, 135) and leaky-ReLU scales for every layer it runs."""
+    from npuc.backends.bm1880.export_table import export_bmnet_table
+    from npuc.backends.bm1880.quantize import load_thresholds
+    from npuc.frontends.caffe import import_caffe
+    from npuc.passes.canonicalize import canonicalize
+
+    golden = GOLDEN_ROOT / "bm1880"
+    graph = import_caffe(golden / "lenet_deploy.prototxt", golden / "lenet_float.caffemodel", {"data": (1, 1, 28, 28)})
+    canonicalize(graph)
+    for path in (tmp_path / "lenet.pb2", tmp_path / "lenet.prototxt"):
+        export_bmnet_table(graph, load_thresholds(golden / "bmnet_lenet_calibration.prototxt"), path)
+        ours = {layer.name: layer for layer in load_calibration(path).layer}
+        vendor = {layer.name: layer for layer in load_calibration(golden / "bmnet_lenet_calibration.prototxt").layer}
+        # customized2 is the final ELU, which runs on the host (it has no integer parameters)
+        assert list(ours) == ["data", "conv1", "pool1", "conv2", "pool2", "ip1", "customized1", "ip2"]
+        for name, layer in ours.items():
+            theirs = vendor[name]
+            assert list(layer.threshold_y) == list(theirs.threshold_y)[:1]
+            assert layer.right_shift_width == theirs.right_shift_width
+            assert list(layer.threshold_x_quantized) == list(theirs.threshold_x_quantized)
+            assert layer.relu_param == theirs.relu_param
+            assert [(b.name, b.threshold_y) for b in layer.blob_param] == [(name, theirs.threshold_y[0])]
+        assert [ours[n].right_shift_width for n in ("conv1", "conv2", "ip1", "ip2")] == [8, 10, 11, 10]
