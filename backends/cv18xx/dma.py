@@ -114,3 +114,18 @@ def copy_global(stream: CmdStream, src: GTensor, dst: GTensor) -> None:
             **_formats(src.fmt, dst.fmt),
         }
     )
+
+
+def copy_local(stream: CmdStream, src: LTensor, dst: LTensor, round_toward_zero: bool = False) -> None:
+    """lmem -> lmem, same element count, converting between int8 and bf16 when the formats differ; bf16 ->
+    int8 rounds to nearest even, or toward zero with `round_toward_zero` (`int8_rnd_mode`), and saturates."""
+    stream.tdma(
+        {
+            "trans_dir": 3,
+            **_local("src", src),
+            **_local("dst", dst),
+            **_shapes(src.shape, dst.shape),
+            **_formats(src.fmt, dst.fmt),
+            "int8_rnd_mode": int(round_toward_zero),
+        }
+    )

@@ -18,7 +18,7 @@ from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, model_schema
 from npuc.backends.cv18xx.sim_mem import FORMATS, MAX_ACCESS_BYTES, GlobalMemory, LocalMemory
-from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, f32_to_bf16
+from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, bf16_to_f32, f32_to_bf16
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 
 REGION_BITS = 40
@@ -41,11 +41,17 @@ def _tdma_addr(f: dict[str, int], side: str, is_global: bool, chip: ChipSpec) ->
     return (f[f"{side}_base_reg_sel"], addr - chip.gmem_base) if is_global else (-1, addr)
 
 
-def _convert(values: np.ndarray, src: str, dst: str) -> np.ndarray:
+def tdma_convert(values: np.ndarray, src: str, dst: str, toward_zero: bool = False) -> np.ndarray:
+    """A TDMA format conversion: int8 -> bf16 is exact; bf16 -> int8 rounds to nearest even (`int8_rnd_mode`
+    0) or toward zero (1) and saturates."""
     if src == dst:
         return values
     if (src, dst) == ("i8", "bf16"):
         return f32_to_bf16(values.astype(np.float32))
+    if (src, dst) == ("bf16", "i8"):
+        x = bf16_to_f32(values)
+        rounded = np.trunc(x) if toward_zero else np.rint(x)
+        return np.clip(np.nan_to_num(rounded), -128, 127).astype(np.int8)
     raise UnsupportedError(f"TDMA format conversion {src} -> {dst} is not simulated yet")
 
 
@@ -89,11 +95,11 @@ class Machine:
         if f["spec_func"] == 4:
             values = np.full(dst_shape, f["const_val"], np.int64)
         elif f["compress_en"]:
-            values = _convert(self._read_compressed(src_region, src_addr, src_shape, src_fmt), src_fmt, dst_fmt)
+            values = tdma_convert(self._read_compressed(src_region, src_addr, src_shape, src_fmt), src_fmt, dst_fmt)
         else:
             src_strides = (f["src_n_stride"], src_cs, f["src_h_stride"], s_esz)
             values = self._access(src_region, src_addr, src_shape, src_strides, src_fmt)
-            values = _convert(values, src_fmt, dst_fmt)
+            values = tdma_convert(values, src_fmt, dst_fmt, bool(f["int8_rnd_mode"]))
         if values.size != np.prod(dst_shape):
             raise CorruptFileError(f"TDMA moves {src_shape} into {dst_shape}: element counts differ")
         dst_strides = (f["dst_n_stride"], dst_cs, f["dst_h_stride"], d_esz)
@@ -126,7 +132,7 @@ class Machine:
             shape = (rows, f["dst_c"], 1, f["dst_w"])
             strides = (f["dst_n_stride"], dst[2], f["dst_h_stride"], d_esz)
             local = self.lmem.read(dst[1], shape, strides, dst_fmt).reshape(rows, -1)
-            local[:, :cols] = _convert(mat.reshape(rows, cols), src_fmt, dst_fmt)
+            local[:, :cols] = tdma_convert(mat.reshape(rows, cols), src_fmt, dst_fmt)
             self.lmem.write(dst[1], shape, strides, dst_fmt, local)
         elif f["trans_dir"] == 1:  # local (rows, src_c, 1, src_w) -> global rows x dst_w
             cols = f["dst_w"]
@@ -139,7 +145,7 @@ class Machine:
                 (rows, 1, 1, cols),
                 (dst[2], 0, 0, d_esz),
                 dst_fmt,
-                _convert(local, src_fmt, dst_fmt),
+                tdma_convert(local, src_fmt, dst_fmt, bool(f["int8_rnd_mode"])),
             )
         else:
             raise UnsupportedError(f"TDMA matrix mode with direction {f['trans_dir']} is not simulated yet")

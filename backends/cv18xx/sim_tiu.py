@@ -45,6 +45,16 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
 
 
+FLT_MIN = np.float32(1.1754944e-38)
+
+
+def flush_subnormal(x: np.ndarray) -> np.ndarray:
+    """A bf16 multiply/accumulate result below the smallest normal becomes +0 before rounding (the vendor
+    simulator's tanh of the smallest inputs shows it, whatever their sign)."""
+    x = np.asarray(x, np.float32)
+    return np.where(np.abs(x) < FLT_MIN, np.float32(0), x)
+
+
 def saturating_rounding_doubling_high_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a64, b64 = a.astype(np.int64), np.asarray(b, np.int64)
     ab = a64 * b64
@@ -232,7 +242,7 @@ def tiu_mul(ctx: TiuContext) -> None:
     prod = ctx.read("opd0") * ctx.operand("opd1")
     f = ctx.f
     if ctx.bf16:
-        ctx.write_res(prod.astype(np.float32))
+        ctx.write_res(flush_subnormal(prod))
     elif f["opt_chl_quan"]:
         ctx.write_res(saturate(qdm(prod, f["quan_m"], f["opt_res_shift"]), bool(f["opt_relu_typ"])))
     elif f["opt_res0_seg"] == 0:
@@ -245,7 +255,7 @@ def tiu_mac(ctx: TiuContext) -> None:
     f = ctx.f
     if ctx.bf16:
         prev = bf16_to_f32(ctx.lmem.read(f["res0_addr"], ctx.shape("res0"), ctx.strides("res0"), "bf16"))
-        acc = ctx.read("opd0") * ctx.operand("opd1") + (prev if f["opt_res_add"] else 0)
+        acc = flush_subnormal(ctx.read("opd0") * ctx.operand("opd1") + (prev if f["opt_res_add"] else 0))
         ctx.write_res(np.maximum(acc, 0) if f["opt_relu_typ"] else acc)
         return
     acc = ctx.read("opd0") * ctx.operand("opd1")
@@ -312,19 +322,22 @@ def tiu_matmul(ctx: TiuContext) -> None:
 
 def tiu_lookup(ctx: TiuContext) -> None:
     """res0 = table[opd0]: each element, read as an unsigned byte, indexes the 256-entry table (opd1,
-    (1, lanes, 16, 16)) kept in its own lane; channel c of an operand starting in lane L lives in lane
-    (L + c) % lanes."""
-    if ctx.bf16:
-        raise UnsupportedError("bf16 table lookup is not simulated yet")
+    (1, lanes, 16, 16) int8 or (1, lanes, 32, 8) bf16) kept in its own lane; a bf16 element indexes with the
+    low byte of its bits. Channel c of an operand starting in lane L lives in lane (L + c) % lanes."""
     lanes, size = ctx.chip.lanes, ctx.lmem.size
-    tables = ctx.read("opd1").reshape(ctx.shape("opd1")[1], -1)
+
+    def raw(p: str) -> np.ndarray:  # bf16 operands as their bits
+        return ctx.lmem.read(ctx.f[f"{p}_addr"], ctx.shape(p), ctx.strides(p), "bf16" if ctx.bf16 else ctx.fmt(p))
+
+    tables = raw("opd1").reshape(ctx.shape("opd1")[1], -1)
     if tables.shape != (lanes, 256):
         raise UnsupportedError(f"a lookup table of shape {ctx.shape('opd1')} is not simulated")
     table_lane0 = ctx.f["opd1_addr"] // size
     per_lane = tables[(np.arange(lanes) - table_lane0) % lanes]
-    x = ctx.read("opd0")
+    x = raw("opd0").astype(np.int64)  # bf16: the low byte of each element's bits is the index
     lane = (ctx.f["opd0_addr"] // size + np.arange(x.shape[1])) % lanes
-    ctx.write_res(per_lane[lane[None, :, None, None], x & 0xFF])
+    picked = per_lane[lane[None, :, None, None], x & 0xFF]
+    ctx.write_res(bf16_to_f32(picked) if ctx.bf16 else picked.astype(np.int64))
 
 
 TIU_KERNELS: dict[str, Callable[[TiuContext], None]] = {

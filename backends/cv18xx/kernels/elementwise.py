@@ -221,10 +221,12 @@ def compute_relu_like(cg: Codegen, op: Op, out: LTensor, x: LTensor, new_tile: C
 
 @kernel("activation")
 def activation(cg: Codegen, op: Op) -> None:
+    from npuc.backends.cv18xx.kernels import lut  # lut builds on this module's tiling
+
     q = quant_of(op)
     if q.mode == "int8" and q.lut is not None:
-        from npuc.backends.cv18xx.kernels.lut import emit_int8_lut  # lut builds on this module's tiling
-
-        emit_int8_lut(cg, op)
-        return
-    _relu_like(cg, op)
+        lut.emit_int8_lut(cg, op)
+    elif lut.is_bf16_table_activation(op):
+        lut.emit_bf16_slope_lut(cg, op)
+    else:
+        _relu_like(cg, op)

@@ -8,6 +8,12 @@ int8 (12 only for bf16); the cv182x family has no such bit and selects the looku
 
 Per op: the table goes into the weight area already replicated per lane, is loaded once, then the tensor is
 tiled load -> lookup (in place) -> store, as tpu-mlir's `cvi_backend_tg_lut_kernel` does.
+
+bf16 sigmoid/tanh interpolate between two bf16 tables, (1, lanes, 32, 8) each, indexed by the low byte of each
+bf16 element (compiler/kernels/quantized/bf16_lut.py has the arithmetic and the tables). Per tile, with three
+bf16 tiles X, S and Y: X = x * scale, clamped to [-128, 127]; a local TDMA converts X to int8 rounding toward
+zero, writing each code into the low byte of Y's element; a second one turns the codes back into bf16 in S;
+X -= S (the fraction); S = slope[Y]; Y = base[Y] (in place); Y += X * S.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.codegen import Codegen, quant_of
 from npuc.backends.cv18xx.kernels.elementwise import _part, tiles
 from npuc.backends.cv18xx.lmem import LTensor
+from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
+from npuc.compiler.kernels.quantized.bf16_lut import INDEX_HI, INDEX_LO, slope_table, table_kinds
 
 TABLE_ENTRIES = 256
 TABLE_HW = {"i8": (16, 16), "bf16": (32, 8)}  # per-lane table shape the TIU insists on
@@ -94,3 +102,64 @@ def emit_int8_lut(cg: Codegen, op: Op) -> None:
         dma.load(s, _part(x, b, cs, hs), lt)
         s.tiu(lookup(cg.chip, lt, lt, table))
         dma.store(s, lt, _part(y, b, cs, hs))
+
+
+# ---- bf16: value and slope tables ------------------------------------------------------------------------
+
+BF16_MINUS_ONE = 0xBF80
+BF16_TILES = 4  # X, S, Y and room for the two 512-byte tables
+
+
+def is_bf16_table_activation(op: Op) -> bool:
+    """A bf16 activation this module computes through tables (sigmoid, tanh)."""
+    act = getattr(op.attrs, "act", None)
+    return op.kind == "activation" and quant_of(op).mode == "bf16" and act is not None and act.kind in table_kinds()
+
+
+def replicated_bf16_table(chip: ChipSpec, values: np.ndarray) -> np.ndarray:
+    """(1, lanes, 32, 8) uint16: the bf16 bits of a 256-entry table once per lane."""
+    bits = bf16_bits(np.asarray(values, np.float32).reshape(-1))
+    return np.ascontiguousarray(np.broadcast_to(bits, (chip.lanes, TABLE_ENTRIES)).reshape(table_shape(chip, "bf16")))
+
+
+def _per_element(t: LTensor, fmt: str) -> LTensor:
+    """`t` (a default-layout bf16 tile) as (n, c, h*w, 1) elements of `fmt`, one per 2-byte slot: the TDMA has
+    no w stride, so an int8 code lands in the low byte of its bf16 slot only as a one-element row."""
+    n, c, h, w = t.shape
+    return LTensor(t.addr, (n, c, h * w, 1), fmt, (t.strides[0], t.strides[1], 2, 1 if fmt == "i8" else 2))
+
+
+def emit_bf16_slope_lut(cg: Codegen, op: Op) -> None:
+    """A bf16 sigmoid/tanh op: both tables loaded once, then tiled as the module docstring describes."""
+    table = slope_table(op.attrs.act.kind)
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    if x.fmt != "bf16" or y.fmt != "bf16":
+        raise UserError(f"op '{op.name}' ({op.kind}): the bf16 table kernel reads and writes bf16 tensors")
+    s = cg.stream
+    local = cg.local(op)
+    resident = []
+    for part, values in (("base", table.base), ("slope", table.slope)):
+        g = cg.weights.add(f"{op.name}_{part}_table", replicated_bf16_table(cg.chip, values), "bf16")
+        lt = local.tensor(table_shape(cg.chip, "bf16"), "bf16")
+        dma.load(s, g, lt)
+        resident.append(lt)
+    base, slope = resident
+    scale = int(bf16_bits(table.scale))
+    lo, hi = (int(bf16_bits(np.float32(v))) for v in (INDEX_LO, INDEX_HI))
+    top = local.top
+    for b, cs, hs in tiles(cg, op, y.shape, "bf16", BF16_TILES):
+        local.reset(top)
+        shape = (1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3])
+        tx, ts, ty = (local.tensor(shape, "bf16") for _ in range(3))
+        dma.load(s, _part(x, b, cs, hs), tx)
+        s.tiu(tiu.mul(tx, tx, scale))
+        s.tiu(tiu.maximum(tx, tx, lo))
+        s.tiu(tiu.minimum(tx, tx, hi))
+        codes = _per_element(ty, "i8")
+        dma.copy_local(s, _per_element(tx, "bf16"), codes, round_toward_zero=True)
+        dma.copy_local(s, codes, _per_element(ts, "bf16"))
+        s.tiu(tiu.mac(tx, ts, BF16_MINUS_ONE, 16, 0, False, True))
+        s.tiu(lookup(cg.chip, ts, ty, slope))
+        s.tiu(lookup(cg.chip, ty, ty, base))
+        s.tiu(tiu.mac(ty, tx, ts, 16, 0, False, True))
+        dma.store(s, ty, _part(y, b, cs, hs))

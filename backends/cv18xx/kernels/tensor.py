@@ -2,7 +2,8 @@
 
 Casts build fp32 words out of bf16 halves: the TPU has no fp32 arithmetic, so int8 -> fp32 converts to bf16
 on the load, multiplies by the bf16 scale and writes the bf16 into the high half of zeroed 4-byte words;
-fp32 -> bf16 keeps the high halves (truncation).
+fp32 -> bf16 keeps the high halves (truncation). bf16 -> int8 (a bf16 layer feeding int8 ones) multiplies by
+the bf16 of 127/threshold and lets the store's TDMA convert, rounding half to even and saturating.
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ def cast(cg: Codegen, op: Op) -> None:
             dma.load(s, _part(x, b, cs, hs), lx)
             s.tiu(tiu.mul(lx, lx, int(bf16_bits(np.float32(q.inputs[0].scale)))))
             dma.store(s, lx, _part(y, b, cs, hs))
+        elif src_fmt == "bf16" and dst_fmt == "int8":
+            lx = local.tensor(part, "bf16")
+            dma.load(s, _part(x, b, cs, hs), lx)
+            s.tiu(tiu.mul(lx, lx, int(bf16_bits(np.float32(127.0) / np.float32(q.output.threshold)))))
+            dma.store(s, lx, _part(y, b, cs, hs))  # the TDMA rounds to nearest even and saturates
         else:
             raise UserError(
                 f"op '{op.name}': a {src_fmt} -> {dst_fmt} cast inside the TPU routine has no cv18xx kernel; "

@@ -2,8 +2,9 @@
 
 This is the cv18xx bf16 path (specs/cv18xx.md §4): the TIU takes bf16 operands, accumulates wider and rounds
 each op's result to the nearest even bf16; a conv/gemm bias is fp32. Average pooling multiplies the window
-sum by the bf16 constant 1/(kh·kw), as the hardware has no divider. The accumulation order inside the TIU is
-not modelled, so results can differ from the chip in the last bf16 bit.
+sum by the bf16 constant 1/(kh·kw), as the hardware has no divider. Sigmoid and tanh are not the exact
+functions but the chip's table interpolation (bf16_lut.py). The accumulation order inside the TIU is not
+modelled, so results can differ from the chip in the last bf16 bit.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ...ir import Op
 from ...ops import OPS
 from ..activation import apply_activation
 from ..registry import FLOAT_KERNELS, KernelFn
+from .bf16_lut import slope_lookup, table_kinds
 from .int8 import window_sums
 from .registry import quant_kernel
 
@@ -52,7 +54,14 @@ def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [round_to_bf16((total * _avg_factor(count)).astype(np.float32))]
 
 
-_SPECIAL: dict[str, KernelFn] = {"pool2d": pool2d, "global_pool": global_pool}
+def activation(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Sigmoid/tanh through the cv18xx bf16 tables (what the TPU computes); other activations rounded."""
+    if op.attrs.act.kind in table_kinds():
+        return [slope_lookup(round_to_bf16(inputs[0]), op.attrs.act.kind)]
+    return _rounded(FLOAT_KERNELS["activation"])(op, inputs)
+
+
+_SPECIAL: dict[str, KernelFn] = {"pool2d": pool2d, "global_pool": global_pool, "activation": activation}
 
 for _kind in OPS:
     if _kind in _SPECIAL:

@@ -40,7 +40,8 @@ def int8_to_bf16(q: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def bf16_to_int8(x: np.ndarray, threshold: float) -> np.ndarray:
-    """bf16 -> int8: `bf16(x * bf16(127/th))`, rounded half to even and saturated (unverified on silicon)."""
+    """bf16 -> int8: `bf16(x * bf16(127/th))`, rounded half to even and saturated, as the TDMA store converts
+    (verified on the vendor simulator: tests/vendor/test_cv18xx_bf16_vendor.py)."""
     scale = round_to_bf16(np.float32(127.0) / np.float32(threshold))
     return saturate(round_half_even(round_to_bf16(np.asarray(x, np.float32) * scale)), np.int8)
 
