@@ -16,6 +16,9 @@ are loaded one batch at a time (the next batch runs while the current one is fol
 is kept, so memory stays flat as the sample count grows. Sharded runs: pass 1 per
 shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table is then
 byte-identical to a single run's.
+
+`CalibrationOptions.tune` > 0 adds tpu-mlir's tune step after KL (passes/tune.py) on the first N samples;
+it needs the samples, so a merged table (`calibrate merge`) is never tuned.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from npuc.passes.calitable import CalibrationTable, table_from_rows
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.histogram import DEFAULT_BINS, THRESHOLD_METHODS, CalibrationStats, load_stats, table_rows
 from npuc.passes.preprocess import InputSpec, Preprocess, list_samples, load_sample, model_inputs
+from npuc.passes.tune import tune_table
 
 PASS_THROUGH_OPS = frozenset({"Identity", "Dropout"})
 # BatchNormalization tpu-mlir folds into its producer, keeping the producer's tensor name and type
@@ -54,6 +58,7 @@ class CalibrationOptions:
     percentile: float = 99.99
     batch: int = 1
     bins: int = DEFAULT_BINS
+    tune: int = 0  # samples for tpu-mlir's tune step after KL (its run_calibration default is 5); 0: none
 
     def __post_init__(self) -> None:
         if self.method not in THRESHOLD_METHODS:
@@ -62,6 +67,10 @@ class CalibrationOptions:
             raise UserError(f"--percentile {self.percentile} must be in (0, 100], e.g. 99.99")
         if not 1 <= self.batch <= 4096:
             raise UserError(f"--batch {self.batch} must be between 1 and 4096")
+        if not 0 <= self.tune <= 1000:
+            raise UserError(f"--tune {self.tune} must be between 0 and 1000 (tpu-mlir's default is 5)")
+        if self.tune and self.method != "kl":
+            raise UserError("--tune follows --method kl only (as in tpu-mlir); drop --tune or use --method kl")
 
     def method_label(self) -> str:
         """The method as written in the table header."""
@@ -395,7 +404,16 @@ def calibrate(
     else:
         stats = collect_histograms(plan, files, pre, options, ranges, progress, tap)
     table = None if range_only else stats_to_table(stats, options)
+    if table is not None and options.tune > 0:
+        table = tune(plan, table, [load_sample(p, plan.inputs, pre) for p in files[: options.tune]])
     return CalibrationResult(stats, table, len(files), time.perf_counter() - start, plan.skipped)
+
+
+def tune(plan: CalibrationPlan, table: CalibrationTable, feeds: Sequence[dict[str, np.ndarray]]) -> CalibrationTable:
+    """tpu-mlir's tune step (passes/tune.py) over the canonicalized IR of the plan's model."""
+    graph = import_model(plan.model)
+    canonicalize(graph)
+    return tune_table(graph, table, plan.observed, feeds)
 
 
 def _no_progress(label: str, total: int) -> Callable[[int], None]:

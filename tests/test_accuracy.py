@@ -35,6 +35,16 @@ def measured(accuracy, real_model, tmp_path_factory):  # noqa: ANN001, ANN201
     return pics, ref, accuracy.npuc_int8_outputs(model, table, feeds)
 
 
+@pytest.fixture(scope="module")
+def tuned(accuracy, real_model, tmp_path_factory):  # noqa: ANN001, ANN201
+    model = real_model(accuracy.MODEL)
+    pics = accuracy.pictures(photos=3)
+    feeds, calib = accuracy.feeds_of(pics), accuracy.feeds_of(pics, mirror=True)
+    table = accuracy.npuc_table(model, calib, tmp_path_factory.mktemp("tuned"), tune=accuracy.TUNE_SAMPLES)
+    ref = accuracy.fp32_outputs(model, feeds)
+    return model, table, calib, feeds, ref, accuracy.npuc_int8_outputs(model, table, feeds)
+
+
 def test_picture_set(accuracy, measured):
     pics, ref, _ = measured
     assert [(n, d) for n, d, _ in pics[:4]] == [("page", 0), ("page", 90), ("page", 180), ("page", 270)]
@@ -50,7 +60,27 @@ def test_int8_top1_agreement_and_cosine(accuracy, measured):
     result = accuracy.score("npuc int8", ref, got, 0.0)
     assert result.confident >= 8  # page x4, astronaut x4 and more are confident in fp32
     assert result.top1_agreement >= 0.98  # the goal
-    # the cosine goal is a mean >= 0.99; the int8 scheme measures ~0.95 on this model (see the
-    # bench, which also prints onnxruntime's own int8 alongside). Hold what is reached so it cannot regress.
+    # the cosine goal is a mean >= 0.99; the plain KL table measures ~0.95 on this model, tuned ~0.96
+    # (see the bench, which also prints onnxruntime's own int8 alongside, and the test below for the cause).
+    # Hold what is reached so it cannot regress.
     assert result.mean_cosine >= 0.94  # measured 0.9509 (16 pictures, 10 confident)
     assert (accuracy._cosines(ref, got)[:4] > 0.999).all()  # the confident page pictures barely move
+
+
+def test_tuned_int8_and_where_the_error_comes_from(accuracy, tuned, measured):
+    model, table, calib, feeds, ref, got = tuned
+    assert table.tune_number == 5
+    plain, result = accuracy.score("kl", ref, measured[2], 0.0), accuracy.score("kl+tune", ref, got, 0.0)
+    assert result.top1_agreement >= 0.98
+    assert result.mean_cosine > plain.mean_cosine  # measured 0.9509 -> 0.9626
+    assert result.mean_cosine == pytest.approx(TUNED_COSINE, abs=2e-3)
+    # the scheme simulated in float (per-tensor activation thresholds) loses as much as the integer
+    # reference: the arithmetic is not the cause. Per-channel activation thresholds (which cv18xx int8
+    # cannot express) reach the goal: the cause is channels whose range is far below their
+    # tensor's threshold (the stem's hardswish.0 channels 7/12/13), which the next depthwise conv amplifies.
+    per_tensor, per_channel = accuracy.diagnose(model, table, calib, feeds, ref)
+    assert per_tensor.mean_cosine == pytest.approx(result.mean_cosine, abs=0.01)
+    assert per_channel.mean_cosine >= 0.99
+
+
+TUNED_COSINE = 0.9626  # 16 pictures, 10 confident

@@ -9,6 +9,9 @@ Sharded calibration (exactly the single run's table):
   npuc calibrate merge r*.npz --save-stats ranges.npz
   npuc calibrate MODEL --data shardK --ranges ranges.npz --save-stats hK.npz          (each shard)
   npuc calibrate merge h*.npz -o TABLE
+
+`--tune N` runs tpu-mlir's tune step (its run_calibration default: 5 samples) after KL on the first N
+samples of a single run; merged shards are not tuned.
 """
 
 from __future__ import annotations
@@ -119,6 +122,9 @@ def register(app: typer.Typer) -> None:
         ] = False,
         batch: Annotated[int, typer.Option("--batch", help="Samples per onnxruntime run.")] = 1,
         bins: Annotated[int, typer.Option("--bins", help="Histogram bins (tpu-mlir: 2048).")] = DEFAULT_BINS,
+        tune: Annotated[
+            int, typer.Option("--tune", help="Tune KL thresholds on the first N samples (tpu-mlir's default: 5).")
+        ] = 0,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         if output is None and save_stats_path is None:
@@ -127,7 +133,7 @@ def register(app: typer.Typer) -> None:
             raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
         _check_output(output, "-o")
         _check_output(save_stats_path, "--save-stats")
-        options = CalibrationOptions(method=method, percentile=percentile, batch=batch, bins=bins)
+        options = CalibrationOptions(method=method, percentile=percentile, batch=batch, bins=bins, tune=tune)
         pre = Preprocess(
             mean=parse_floats(mean, "--mean"),
             scale=parse_floats(scale, "--scale"),
