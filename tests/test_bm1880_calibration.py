@@ -147,3 +147,28 @@ def test_npuc_exports_the_bmnet_table_of_the_lenet(tmp_path):
             assert layer.relu_param == theirs.relu_param
             assert [(b.name, b.threshold_y) for b in layer.blob_param] == [(name, theirs.threshold_y[0])]
         assert [ours[n].right_shift_width for n in ("conv1", "conv2", "ip1", "ip2")] == [8, 10, 11, 10]
+
+
+def test_calibrate_writes_a_bmnet_table_a_bm1880_build_reads(tmp_path):
+    """`npuc calibrate run --bmnet T.pb2 -o T.txt`: the same thresholds in both tables; `build --calib T.pb2`."""
+    import numpy as np
+    from npuc.backends.bm1880.container import load_bmodel
+    from npuc.passes.calitable import read_table
+    from test_cli import npuc
+
+    golden = GOLDEN_ROOT / "bm1880"
+    x = np.fromfile(golden / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)
+    for i in range(3):
+        np.savez(tmp_path / f"s{i}.npz", data_0=x * (1 + 0.25 * i))
+    model = golden / "lenet_float.onnx"
+    done = npuc("calibrate", "run", model, "--data", tmp_path, "--bmnet", tmp_path / "t.pb2", "-o", tmp_path / "t.txt")
+    assert done.returncode == 0, done.stderr
+    tpu_mlir = read_table(tmp_path / "t.txt").thresholds()
+    bmnet = {layer.name: layer for layer in load_calibration(tmp_path / "t.pb2").layer}
+    assert bmnet["data_0"].threshold_y[0] == np.float32(tpu_mlir["data_0"])
+    assert bmnet["conv1_1"].threshold_y[0] == np.float32(tpu_mlir["conv1_1_Conv"])  # tpu-mlir's row name
+    assert bmnet["conv1_1"].right_shift_width > 0 and bmnet["ip2_1"].right_shift_width > 0
+    out = tmp_path / "lenet.bmodel"
+    built = npuc("build", model, "--target", "bm1880", "--calib", tmp_path / "t.pb2", "-o", out)
+    assert built.returncode == 0, built.stderr
+    assert load_bmodel(out).commands[0].inputs[0].threshold == np.float32(tpu_mlir["data_0"])

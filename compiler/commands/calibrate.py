@@ -26,7 +26,7 @@ import typer
 from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import parse_input_shapes
 from npuc.passes.calibrate import CalibrationOptions, calibrate, merge_stats_files, stats_to_table
-from npuc.passes.calitable import write_table
+from npuc.passes.calitable import CalibrationTable, write_table
 from npuc.passes.histogram import DEFAULT_BINS, load_stats, save_stats
 from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
 from typer.core import TyperGroup
@@ -81,6 +81,20 @@ def _note(message: str) -> None:
 METHOD_HELP = "Threshold method: kl (tpu-mlir's default), max, percentile, mse."
 
 
+def _write_bmnet(model: Path, table: CalibrationTable, shapes: dict, path: Path) -> None:
+    """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
+    import onnx
+    from npuc.backends.bm1880.export_table import export_bmnet_table
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibrate import tensor_table_names
+    from npuc.passes.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    names = tensor_table_names(onnx.load(str(model), load_external_data=False))
+    export_bmnet_table(graph, table.thresholds(), path, names)
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(
         cls=DefaultCommandGroup,
@@ -125,14 +139,19 @@ def register(app: typer.Typer) -> None:
         tune: Annotated[
             int, typer.Option("--tune", help="Tune KL thresholds on the first N samples (tpu-mlir's default: 5).")
         ] = 0,
+        bmnet: Annotated[
+            Path | None,
+            typer.Option("--bmnet", help="Also write BMNet's calibration table for bm1880 (.pb2 binary, else text)."),
+        ] = None,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
-        if output is None and save_stats_path is None:
-            raise UserError("nothing to write; give -o TABLE and/or --save-stats FILE")
+        if output is None and save_stats_path is None and bmnet is None:
+            raise UserError("nothing to write; give -o TABLE, --bmnet TABLE and/or --save-stats FILE")
         if range_only and (save_stats_path is None or output is not None):
             raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
         _check_output(output, "-o")
         _check_output(save_stats_path, "--save-stats")
+        _check_output(bmnet, "--bmnet")
         options = CalibrationOptions(method=method, percentile=percentile, batch=batch, bins=bins, tune=tune)
         pre = Preprocess(
             mean=parse_floats(mean, "--mean"),
@@ -167,6 +186,8 @@ def register(app: typer.Typer) -> None:
             save_stats(result.stats, save_stats_path)
         if output is not None and result.table is not None:
             write_table(result.table, output)
+        if bmnet is not None and result.table is not None:
+            _write_bmnet(model, result.table, parse_input_shapes(input_shape or []), bmnet)
         rate = result.samples / max(result.seconds, 1e-9)
         _note(
             f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
