@@ -652,3 +652,18 @@ def test_bm1880_exact_form_equals_the_bmodel_on_every_layer_form(tmp_path):
     assert {"conv:", "dwconv:", "pool:max:requant", "pool:avg:requant", "act:relu", "act:leaky",
             "act:prelu", "eltwise:add", "eltwise:max", "concat:1:requant"} <= forms  # fmt: skip
     assert compared > 90_000  # measured 94,044 codes
+
+
+@pytest.mark.parametrize("target", ["cv18xx", "lyngor", "dmp", "bpu"])
+def test_every_symmetric_target_exports_its_reference_exactly(smallcnn, smallcnn_int8, target):
+    """`npuc export --qdq -t T` for the targets that share the symmetric int8 graph: the output equals npuc's
+    int8 reference (for bpu the codes; its contract dequantizes in float32, not through bf16)."""
+    table = read_table(GOLDEN / "smallcnn_cali_table.txt")
+    model = session(qdq_for_target(smallcnn, target, table, model_path=GOLDEN / "smallcnn.onnx"))
+    for feed in smallcnn_feeds()[:4]:
+        ours = run(smallcnn_int8, feed, kernels=QUANT_KERNELS)["output"]
+        theirs = model.run(None, feed)[0]
+        if target == "bpu":
+            assert cosine(theirs, ours) >= 0.99999
+        else:
+            np.testing.assert_array_equal(theirs, ours)
