@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.passes.layer_group import SAME_ROWS, LayerGroup, Rows, RowWindow, Tile, form_groups, make_group
 
@@ -203,34 +204,6 @@ def _serves(unit: Unit, slot: Slot, key: tuple[int, int]) -> bool:
     return all(_inside(read(t, key), slot.rows(unit.group, t)) for t in unit.tiles)
 
 
-class _FreeList:
-    """First-fit allocator of EU-aligned lane bytes, merging freed neighbours."""
-
-    def __init__(self, base: int) -> None:
-        self.free: list[tuple[int, int]] = []
-        self.top = base
-
-    def alloc(self, size: int) -> int:
-        size = align(size)
-        for i, (off, sz) in enumerate(self.free):
-            if sz >= size:
-                self.free[i : i + 1] = [(off + size, sz - size)] if sz > size else []
-                return off
-        off, self.top = self.top, self.top + size
-        return off
-
-    def release(self, off: int, size: int) -> None:
-        merged: list[tuple[int, int]] = []
-        for o, s in sorted([*self.free, (off, align(size))]):
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        if merged and merged[-1][0] + merged[-1][1] == self.top:
-            self.top = merged.pop()[0]
-        self.free = merged
-
-
 def plan_unit(net: LoweredNet, unit: Unit, rows: int, batch_step: int) -> bool:
     """Fill in the unit's tiles, weight bases, slots and scratch for tiles of `rows` output rows and
     `batch_step` items; False if they do not fit a lane."""
@@ -256,7 +229,7 @@ def plan_unit(net: LoweredNet, unit: Unit, rows: int, batch_step: int) -> bool:
     size = {id(s): slot_bytes(s, net.shapes[s.tensor][1]) for s in unit.slots}
     for k in range(len(layers)):
         size[id(unit.out_slot[k])] = slot_bytes(unit.out_slot[k], unit.channels(net, k))
-    free = _FreeList(base)
+    free = FreeList(base, isa.EU_NUM)
     for k, layer in enumerate(layers):
         for s in unit.slots:
             if s.early and s.start == k:

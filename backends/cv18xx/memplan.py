@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from npuc.backends.cv18xx.lmem import ALIGN, align
+from npuc.compiler.allocator import FreeList
 from npuc.compiler.ir import Graph, Op
 
 REGION_SHARED, REGION_PRIVATE, REGION_IO0 = 0, 2, 3
@@ -36,34 +37,6 @@ class MemoryPlan:
 
 def tensor_bytes(graph: Graph, name: str, fmt: str) -> int:
     return int(np.prod(graph.shape(name), dtype=np.int64)) * ELEMENT_BYTES[fmt]
-
-
-class FreeList:
-    def __init__(self) -> None:
-        self.free: list[tuple[int, int]] = []  # (offset, size), sorted
-        self.top = 0
-
-    def alloc(self, size: int) -> int:
-        size = align(size)
-        for i, (off, sz) in enumerate(self.free):
-            if sz >= size:
-                self.free[i : i + 1] = [(off + size, sz - size)] if sz > size else []
-                return off
-        off, self.top = self.top, self.top + size
-        return off
-
-    def release(self, off: int, size: int) -> None:
-        self.free.append((off, align(size)))
-        self.free.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in self.free:
-            if merged and merged[-1][0] + merged[-1][1] == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        if merged and merged[-1][0] + merged[-1][1] == self.top:
-            self.top = merged.pop()[0]
-        self.free = merged
 
 
 def plan_memory(

@@ -34,7 +34,7 @@ from npuc.backends.cv18xx.kernels.lut import lookup, replicated_table, table_sha
 from npuc.backends.cv18xx.kernels.pool import check_pool, pool_geometry, pool_supported, pool_tile
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes, local_strides
-from npuc.backends.cv18xx.memplan import FreeList
+from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.passes.layer_group import LayerGroup, Read, Rows, Tile, form_groups
