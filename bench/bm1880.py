@@ -23,9 +23,9 @@ from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.container import write_bmodel
 from npuc.backends.bm1880.quantize import load_thresholds
 from npuc.backends.bm1880.sim import run_bmodel
-from npuc.compiler import interp
 from npuc.compiler.ir import Graph
 from npuc.frontends.onnx import import_onnx
+from npuc.passes.calibrate import max_abs_thresholds
 from npuc.passes.canonicalize import canonicalize
 
 OPTS = ("none", "layer-group", "layer-group-weight")
@@ -36,15 +36,6 @@ def _graph(path: Path, shapes: dict | None = None) -> Graph:
     graph = import_onnx(path, shapes)
     canonicalize(graph)
     return graph
-
-
-def _max_table(graph: Graph, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    table: dict[str, float] = {}
-    for feed in feeds:
-        for name, value in interp.run(graph, feed, keep_all=True).items():
-            if name in graph.tensors and graph.tensors[name].data is None:
-                table[name] = max(table.get(name, 0.0), float(np.abs(value).max()))
-    return table
 
 
 def lenet(tmp: Path) -> tuple[list[Graph], dict[str, float], np.ndarray]:
@@ -63,7 +54,7 @@ def pnet(tmp: Path) -> tuple[list[Graph], dict[str, float], np.ndarray]:
 
     path = fetch_model("mtcnn_pnet")
     feeds = model_inputs("mtcnn_pnet", 8)
-    table = _max_table(_graph(path, {"input_1": feeds[0]["input_1"].shape}), feeds)
+    table = max_abs_thresholds(_graph(path, {"input_1": feeds[0]["input_1"].shape}), feeds)
     graphs = [_graph(path, {"input_1": s}) for s in ((1, 12, 12, 3), (1, 288, 384, 3))]
     x = np.random.default_rng(0).uniform(-1, 1, (1, 3, 288, 384)).astype(np.float32)
     return graphs, table, x
@@ -75,7 +66,7 @@ def resnet18(tmp: Path) -> tuple[list[Graph], dict[str, float], np.ndarray]:
     graph = _graph(make_all(tmp, ["resnet18_224"])["resnet18_224"])
     rng = np.random.default_rng(0)
     feeds = [{graph.inputs[0]: rng.standard_normal(graph.shape(graph.inputs[0])).astype(np.float32)}]
-    return [graph], _max_table(graph, feeds), feeds[0][graph.inputs[0]]
+    return [graph], max_abs_thresholds(graph, feeds), feeds[0][graph.inputs[0]]
 
 
 MODELS = {"lenet": lenet, "pnet": pnet, "resnet18": resnet18}

@@ -33,6 +33,7 @@ from types import MappingProxyType
 import numpy as np
 import onnx
 from npuc.compiler.errors import UserError
+from npuc.compiler.ir import Graph
 from npuc.frontends.onnx import InputShapes, import_model, load_model, pin_input_shapes
 from npuc.passes.calitable import CalibrationTable, table_from_rows
 from npuc.passes.canonicalize import canonicalize
@@ -475,3 +476,16 @@ def _check_mergeable(a: CalibrationStats, b: CalibrationStats, pa: Path, pb: Pat
                 f"{pb.name} and {pa.name} were binned over different ranges (tensor {name!r}); run shards with "
                 "--range-only, merge those, then run each shard with --ranges MERGED"
             )
+
+
+def max_abs_thresholds(graph: Graph, feeds: Sequence[Mapping[str, np.ndarray]], floor: float = 0.0) -> dict[str, float]:
+    """Max-abs threshold of every activation of an IR graph over a few feeds, run by npuc's float interpreter
+    (for small models in benches and tests; `calibrate` is the streaming tool for real data)."""
+    from npuc.compiler.interp import run
+
+    table: dict[str, float] = {}
+    for feed in feeds:
+        for name, value in run(graph, dict(feed), keep_all=True).items():
+            if name in graph.tensors and graph.tensors[name].data is None:
+                table[name] = max(table.get(name, floor), float(np.abs(value).max()))
+    return table

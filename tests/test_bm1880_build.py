@@ -19,14 +19,13 @@ from npuc.backends.bm1880.calibration import new_calibration, save_calibration
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gmem_refs
 from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.sim import run_bmodel
-from npuc.compiler import interp
 from npuc.compiler.cli import main
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from npuc.compiler.protoschema import load_proto
 from npuc.frontends.onnx import import_onnx
 from npuc.models.images import model_inputs
 from npuc.models.make_models import make_all
-from npuc.passes.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibrate import CalibrationOptions, calibrate, max_abs_thresholds
 from npuc.passes.canonicalize import canonicalize
 from onnx import numpy_helper
 
@@ -374,16 +373,6 @@ def family_paths(tmp_path_factory) -> dict[str, Path]:
     return make_all(tmp_path_factory.mktemp("families"), [*FAMILIES, "act_sigmoid", "eltwise_sub"])
 
 
-def _max_table(graph, feeds) -> dict[str, float]:
-    """Max-abs thresholds of every activation over the feeds (npuc's float interpreter)."""
-    table: dict[str, float] = {}
-    for feed in feeds:
-        for name, value in interp.run(graph, feed, keep_all=True).items():
-            if name in graph.tensors and graph.tensors[name].data is None:
-                table[name] = max(table.get(name, 0.0), float(np.abs(value).max()))
-    return table
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_op_family_matches_onnxruntime(family_paths, name):
     graph = import_onnx(family_paths[name])
@@ -391,7 +380,7 @@ def test_op_family_matches_onnxruntime(family_paths, name):
     rng = np.random.default_rng(7)
     inp = graph.inputs[0]
     feeds = [{inp: rng.standard_normal(graph.shape(inp)).astype(np.float32)} for _ in range(3)]
-    table = _max_table(graph, feeds)
+    table = max_abs_thresholds(graph, feeds)
     outs = {}
     for opt in OPTS:
         model, _, _ = compile_bmodel([graph], table, None, opt, name)

@@ -19,11 +19,11 @@ from npuc.backends.bm1880.container import load_bmodel, read_bmodel, write_bmode
 from npuc.backends.bm1880.groups import form_units
 from npuc.backends.bm1880.quantize import lower
 from npuc.backends.bm1880.sim import quantize, run_bmodel
-from npuc.compiler import interp
 from npuc.compiler.cli import main
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
 from npuc.passes import fixedpoint as fp
+from npuc.passes.calibrate import max_abs_thresholds
 from npuc.passes.canonicalize import canonicalize
 
 OPTS = ("none", "layer-group", "layer-group-weight")
@@ -68,15 +68,6 @@ def _graph(path: Path, shape: tuple[int, ...]):  # noqa: ANN202
     return graph
 
 
-def _table(graph, feeds) -> dict[str, float]:  # noqa: ANN001
-    table: dict[str, float] = {}
-    for feed in feeds:
-        for name, value in interp.run(graph, feed, keep_all=True).items():
-            if name in graph.tensors and graph.tensors[name].data is None:
-                table[name] = max(table.get(name, 0.0), float(np.abs(value).max()))
-    return table
-
-
 def _write_table(table: dict[str, float], path: Path) -> Path:
     msg = new_calibration("net")
     for name, threshold in table.items():
@@ -94,7 +85,7 @@ def resnet(tmp_path_factory) -> tuple[Path, dict[str, float], np.ndarray]:
     graph = _graph(path, (1, 3, 40, 32))
     rng = np.random.default_rng(1)
     feeds = [{"input": rng.standard_normal((1, 3, 40, 32)).astype(np.float32)} for _ in range(3)]
-    return path, _table(graph, feeds), feeds[0]["input"]
+    return path, max_abs_thresholds(graph, feeds), feeds[0]["input"]
 
 
 def test_residual_blocks_join_one_group(resnet):
@@ -133,7 +124,7 @@ def tall(tmp_path_factory) -> tuple[Path, dict[str, float], np.ndarray]:
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 3, 200, 96)).astype(np.float32)
     graph = _graph(path, (2, 3, 200, 96))
-    return path, _table(graph, [{"input": x}]), x
+    return path, max_abs_thresholds(graph, [{"input": x}]), x
 
 
 def test_batch_two_with_row_tiles_from_the_cli(tall, tmp_path):
@@ -195,7 +186,7 @@ def test_output_channel_split_is_bit_exact(tmp_path):
     graph = _graph(path, (2, ic, 4, 6))
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, ic, 4, 6)).astype(np.float32)
-    table = _table(graph, [{"input": x}])
+    table = max_abs_thresholds(graph, [{"input": x}])
     model, (st,), _ = compile_bmodel([graph], table, None, "layer-group-weight", "wide")
     got = run_bmodel(model, {"input": x})["output"]
     # the exact integer expectation, from the BM1880 rules of specs/bm1880.md §3.2

@@ -28,7 +28,7 @@ from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.models.images import model_inputs
 from npuc.models.make_models import make_all
-from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
+from npuc.passes.calibrate import CalibrationOptions, calibrate, max_abs_thresholds, tensor_table_names
 from npuc.passes.calitable import CalibrationTable, Threshold, read_table, write_table
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.fixedpoint import (
@@ -500,15 +500,6 @@ def assert_codes_equal(got: dict[str, np.ndarray], names: dict[str, str], codes:
     return sum(c.size for c in codes.values())
 
 
-def max_abs_thresholds(graph: Graph, feeds: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    table: dict[str, float] = {}
-    for feed in feeds:
-        for name, value in run(graph, feed, keep_all=True).items():
-            if name in graph.tensors and graph.tensors[name].data is None:
-                table[name] = max(table.get(name, 1e-3), float(np.abs(value).max()))
-    return table
-
-
 def test_bm1880_exact_form_equals_the_bmodel_on_smallcnn(smallcnn, tmp_path):
     """`npuc export -t bm1880 --qdq` (exact by default) against the bmodel `npuc build -t bm1880` writes, simulated
     from its bytes: the 10 output codes of all 9 pictures are identical, and so are the dequantized floats."""
@@ -562,7 +553,7 @@ def pnet_bm1880(real_model, tmp_path_factory):
     graph = import_onnx(path, {"input_1": (1, 160, 120, 3)})
     canonicalize(graph)
     feeds = model_inputs("mtcnn_pnet", 6)
-    thresholds = max_abs_thresholds(graph, feeds[:3])
+    thresholds = max_abs_thresholds(graph, feeds[:3], floor=1e-3)
     table = tmp_path_factory.mktemp("pnet_bm1880") / "pnet_cali_table"
     write_table(CalibrationTable({n: Threshold(t, -t, t) for n, t in thresholds.items()}), table)
     return path, graph, table, feeds[3:]
@@ -638,7 +629,7 @@ def test_bm1880_exact_form_equals_the_bmodel_on_every_layer_form(tmp_path):
         graph = import_and_canon(path)
         inp = graph.inputs[0]
         feeds = [{inp: rng.standard_normal(graph.shape(inp)).astype(np.float32)} for _ in range(3)]
-        table = {t: v * float(rng.uniform(0.7, 1.3)) for t, v in max_abs_thresholds(graph, feeds).items()}
+        table = {t: v * float(rng.uniform(0.7, 1.3)) for t, v in max_abs_thresholds(graph, feeds, floor=1e-3).items()}
         bmodel, _, _ = compile_bmodel([graph], table, None, "layer-group", name)
         bmodel = read_bmodel(write_bmodel(bmodel))
         for layer in lower_for_export(graph, table, None).net.layers:

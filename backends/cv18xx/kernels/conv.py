@@ -11,7 +11,7 @@ import numpy as np
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, stream_rows
-from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
+from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
@@ -112,15 +112,8 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
     tile_oc = _oc_tile(cg, per_oc, oc)
     for o0 in range(0, oc, tile_oc):
         o1 = min(oc, o0 + tile_oc)
-        t = o1 - o0
         local.reset()
-        lw = local.tensor((1, t, g.kh * g.kw, ic), fmt, eu_align=False)
-        dma.load(s, w.slice(c=(o0, o1)), lw)
-        lp = None
-        ptile = params.tile(oc_base + o0, oc_base + o1)
-        if ptile is not None:
-            lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
-            dma.load(s, ptile, lp)
+        lw, lp = _load_filter_tile(cg, local, w, params, oc_base, (o0, o1), g, ic)
 
         def compute(ly: LTensor, lx: LTensor, win: tiu.Window, lw: LTensor = lw, lp: LTensor | None = lp) -> None:
             s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
@@ -128,6 +121,19 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
                 s.tiu(tiu.minimum(ly, ly, relu_max))
 
         stream_rows(cg, op, local, g, x, y.slice(c=(o0, o1)), compute)
+
+
+def _load_filter_tile(cg: Codegen, local: LocalAllocator, w: GTensor, params: ConvParams, oc_base: int,
+                      oc: tuple[int, int], g: Geometry, ic: int) -> tuple[LTensor, LTensor | None]:  # fmt: skip
+    """Load the filters (and per-channel parameters) of output channels [oc[0], oc[1]) into local memory."""
+    lw = local.tensor((1, oc[1] - oc[0], g.kh * g.kw, ic), w.fmt, eu_align=False)
+    dma.load(cg.stream, w.slice(c=oc), lw)
+    ptile = params.tile(oc_base + oc[0], oc_base + oc[1])
+    if ptile is None:
+        return lw, None
+    lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
+    dma.load(cg.stream, ptile, lp)
+    return lw, lp
 
 
 def _input_resident_oc(cg: Codegen, op: Op, x: GTensor, y: GTensor, g: Geometry, per_oc: int, rec: int) -> int:
@@ -163,13 +169,7 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor
     for o0 in range(0, y.shape[1], tile_oc):
         o1 = min(y.shape[1], o0 + tile_oc)
         local.reset(top)
-        lw = local.tensor((1, o1 - o0, g.kh * g.kw, x.shape[1]), fmt, eu_align=False)
-        dma.load(s, w.slice(c=(o0, o1)), lw)
-        lp = None
-        ptile = params.tile(oc_base + o0, oc_base + o1)
-        if ptile is not None:
-            lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
-            dma.load(s, ptile, lp)
+        lw, lp = _load_filter_tile(cg, local, w, params, oc_base, (o0, o1), g, x.shape[1])
         ly = local.tensor((1, o1 - o0, g.oh, g.ow), fmt)
         s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
         if relu_max is not None:
