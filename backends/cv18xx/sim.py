@@ -182,14 +182,21 @@ def cpu_quant(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type, s
 
 
 def cpu_softmax(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type, shape: tuple = ()) -> np.ndarray:
-    """Built-in `softmax` over `axis` in fp32: exp(x - max) / sum."""
+    """Built-in `softmax` over `axis` in fp32: exp(x - m) / sum, rounded the way the vendor runtime rounds.
+
+    The runtime seeds the running maximum of every outer row with the tensor's *first* row, so m is
+    max(row, first row) rather than max(row); the quotient is the same number, but rounded differently where
+    the first row holds the larger value. The sum accumulates in fp32 in axis order."""
     x = inputs[0].astype(np.float32).reshape(shape)
     axis = int(args.get("axis", 1))
     if not 0 <= axis < x.ndim:
         raise CorruptFileError(f"CPU softmax axis {axis} is outside the {x.ndim}-D input")
+    rows = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis], -1)
+    m = np.maximum(rows[0, 0], rows.max(axis=1))[:, None, :]
     # exp rounded once from double, like the C library's expf (numpy's float32 exp can differ by an ulp)
-    e = np.exp((x - x.max(axis=axis, keepdims=True)).astype(np.float64)).astype(np.float32)
-    return (e / e.sum(axis=axis, keepdims=True, dtype=np.float32)).astype(out_dtype)
+    e = np.exp((rows - m).astype(np.float64)).astype(np.float32)
+    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1:, :]
+    return (e / total).reshape(x.shape).astype(out_dtype)
 
 
 CPU_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {"quant": cpu_quant, "softmax": cpu_softmax}
