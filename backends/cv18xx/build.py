@@ -6,7 +6,9 @@ dequantizes the outputs to fp32 in their io regions. `--quant-input` / `--quant-
 edges in int8 instead. A bf16 model converts its input on the TPU.
 
 Options read from `request.options`: quant_input, quant_output, float_layers (list), layer_group (bool,
-default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group.py).
+default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group.py), sync
+("parallel", the default: descriptors wait only for true dependencies, or "serial": cvikernel's fully ordered
+scheme; sync.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import onnx
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.codegen import Codegen, generate
 from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel
+from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.fbcodec import encode as fb_encode
 from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
@@ -211,7 +214,7 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     inputs = list(qgraph.inputs)
     private = [op.outputs[0] for op in cpu_ops] + [op.inputs[0] for op in tail_ops]
     pinned = set(inputs) | set(outputs) | set(private)
-    cg = Codegen(chip, qgraph, MemoryPlan(), fmt)
+    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, CmdStream(chip, sync=opts.get("sync", "parallel")))
     units = layer_groups(cg, tpu_ops, pinned | set(tpu_outputs)) if opts.get("layer_group", True) else tpu_ops
     cg.plan = plan_memory(qgraph, units, fmt, inputs + outputs, private, _aliases(qgraph, tpu_ops, pinned))
     generate(cg, units)

@@ -31,6 +31,7 @@ class Codegen:
     fmt: dict[str, str]  # tensor -> "int8" | "bf16" | "float32"
     stream: CmdStream = None  # type: ignore[assignment]
     weights: WeightArea = field(default_factory=WeightArea)
+    top_aligned: bool = False  # lay this unit's local memory out against the top of the lane (group.py)
 
     def __post_init__(self) -> None:
         if self.stream is None:
@@ -129,6 +130,7 @@ def generate(cg: Codegen, ops: list[Op]) -> None:
 
     for index, op in enumerate(ops):
         cg.stream.layer = index + 1
+        cg.top_aligned = index % 2 == 1
         fn = KERNELS.get(op.kind)
         if fn is None:
             raise no_kernel(op, f"a {op.kind} op")

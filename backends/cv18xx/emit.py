@@ -1,9 +1,9 @@
 """The instruction stream of one TPU routine: TIU and TDMA descriptors in issue order, encoded to a cmdbuf.
 
 Kernels describe descriptors with the cv182x field names (`isa.TIU_CV182X_LAYOUT`); `encode_tiu` translates
-them to the cv183x table where that chip spells or sizes a field differently. Sync ids follow cvikernel's
-serial scheme (specs/cv18xx.md §3.2): each engine numbers its descriptors 1, 2, ... and every descriptor
-waits for the latest descriptor of the other engine, so the stream order is the execution order.
+them to the cv183x table where that chip spells or sizes a field differently. Sync ids are assigned when the
+stream is encoded (sync.py): by default each descriptor waits only for what it truly depends on, so TDMA
+transfers overlap TIU work; `sync="serial"` gives cvikernel's fully ordered scheme.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import ChipSpec
-
-MAX_ID = 0xFFFF  # ids are 16 bits; numbering restarts at 1 (the runtime splits segments there)
+from npuc.backends.cv18xx.sync import assign_sync
 
 # Non-zero reset values of cvikernel's TIU registers that the arithmetic depends on.
 TIU_DEFAULTS = {
@@ -65,27 +64,15 @@ def encode_tiu(chip: ChipSpec, fields: dict[str, int]) -> bytes:
 class CmdStream:
     chip: ChipSpec
     records: list[tuple[int, dict[str, int]]] = field(default_factory=list)
-    tiu_id: int = 0
-    tdma_id: int = 0
-    last_tdma_wait: int = 0
     layer: int = 0  # debug tag written into every descriptor (layer_info / layer_ID)
-
-    @staticmethod
-    def _next(current: int) -> int:
-        return 1 if current >= MAX_ID else current + 1
+    sync: str = "parallel"  # see sync.SYNC_MODES
 
     def tiu(self, fields: dict[str, int]) -> None:
-        self.tiu_id = self._next(self.tiu_id)
-        f = {**TIU_DEFAULTS, **fields, "cmd_id_tpu": self.tiu_id, "cmd_id_gdma": self.tdma_id}
-        f["layer_info"] = self.layer & 0xFFFF
+        f = {**TIU_DEFAULTS, **fields, "layer_info": self.layer & 0xFFFF}
         self.records.append((isa.ENGINE_TIU, f))
 
     def tdma(self, fields: dict[str, int]) -> None:
-        self.tdma_id = self._next(self.tdma_id)
-        wait = self.tiu_id or self.last_tdma_wait  # a wait id of 0 reuses the previous TDMA's
-        self.last_tdma_wait = wait
-        f = {"vld": 1, "bar_en": 1, **fields, "cmd_id": self.tdma_id, "wait_id_tpu": wait}
-        f["layer_ID"] = self.layer & 0xFFFF
+        f = {"vld": 1, "bar_en": 1, **fields, "layer_ID": self.layer & 0xFFFF}
         self.records.append((isa.ENGINE_TDMA, f))
 
     def counts(self) -> dict[str, int]:
@@ -94,6 +81,7 @@ class CmdStream:
 
     def to_bytes(self) -> bytes:
         hdr_table, tdma_table = isa.cmd_hdr_table(), isa.tdma_table()
+        assign_sync(self.records, self.chip, self.sync)
         parts = []
         for engine, f in self.records:
             body = encode_tiu(self.chip, f) if engine == isa.ENGINE_TIU else isa.encode(tdma_table, f)

@@ -234,16 +234,23 @@ def tensor_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
     return mem[local : local + t.size].view(DTYPES[t.dtype])
 
 
-def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> dict[str, np.ndarray]:
-    """Run one program on the given inputs (float32 for fp32 tensors); returns the outputs by name."""
+TpuRunner = Callable[[Machine, bytes, int, str], None]
+
+
+def _run_tpu(machine: Machine, cmdbuf: bytes, index: int, where: str) -> None:
+    machine.run_cmdbuf(cmdbuf, where)
+
+
+def run_routines(model: CviModel, machine: Machine, program: int = 0, run_tpu: TpuRunner = _run_tpu) -> None:
+    """Run the program's routines in order on a loaded machine: TPU routines through `run_tpu`, CPU routines
+    through the built-in functions."""
     prog = model.body.programs[program]
     tensors = {t.name: t for t in prog.tensor_map}
-    machine = load_program(model, inputs, program)
     routine_types = model_schema().enums["RoutineType"].values
     for i, r in enumerate(prog.routines):
         if r.type == routine_types["TPU"]:
             sec = r.tpu_routine.cmdbuf_section
-            machine.run_cmdbuf(model.sections[sec], f"routine {i} ({sec})")
+            run_tpu(machine, model.sections[sec], i, f"routine {i} ({sec})")
             continue
         fn = CPU_FUNCTIONS.get(r.cpu_routine.function_section)
         if fn is None:
@@ -253,6 +260,14 @@ def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 
         out = tensor_view(machine.gmem, tensors[r.out_tensors[0]])
         shape = tuple(tensors[r.in_tensors[0]].shape.dim[:4])
         out[:] = fn(args, ins, out.dtype, shape).reshape(-1)
+
+
+def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> dict[str, np.ndarray]:
+    """Run one program on the given inputs (float32 for fp32 tensors); returns the outputs by name."""
+    prog = model.body.programs[program]
+    tensors = {t.name: t for t in prog.tensor_map}
+    machine = load_program(model, inputs, program)
+    run_routines(model, machine, program)
     return {
         name: tensor_view(machine.gmem, tensors[name]).copy().reshape(tensors[name].shape.dim[:4])
         for name in prog.output_tensors

@@ -35,6 +35,12 @@ def generated_model(name: str, folder: Path) -> tuple[Path, Path]:
     """(model, calibration table from 8 random samples, max method) of a generated model."""
     model = folder / f"{name}.onnx"
     onnx.save(make_model(name), model)
+    return model, calibrated(model, folder)
+
+
+def calibrated(model: Path, folder: Path) -> Path:
+    """A calibration table of `model` from 8 random samples (max method)."""
+    name = model.stem
     graph = float_graph(model)
     samples = []
     for i in range(8):
@@ -44,7 +50,7 @@ def generated_model(name: str, folder: Path) -> tuple[Path, Path]:
     result = calibrate(model, samples, options=CalibrationOptions(method="max"))
     table = folder / f"{name}_cali_table.txt"
     write_table(result.table, table)
-    return model, table
+    return table
 
 
 def build(model: Path, table: Path | None, chip: str, quant: str, out: Path,

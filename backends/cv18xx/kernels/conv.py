@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, quant_of
-from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, stream_rows
+from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
@@ -106,6 +106,9 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
     per_oc = g.kh * g.kw * ic * e + (4 * e if fmt == "bf16" else rec)
     local = cg.local(op)
     resident_oc = _input_resident_oc(cg, op, x, y, g, per_oc, rec)
+    double_oc = _input_resident_oc(cg, op, x, y, g, per_oc, rec, copies=2)
+    if double_oc and -(-oc // double_oc) <= 2 * -(-oc // resident_oc):
+        resident_oc = double_oc  # two filter sets: the next tile's filters load while this tile computes
     if resident_oc:
         _conv_input_resident(cg, op, x, y, w, params, oc_base, g, resident_oc)
         return
@@ -136,45 +139,70 @@ def _load_filter_tile(cg: Codegen, local: LocalAllocator, w: GTensor, params: Co
     return lw, lp
 
 
-def _input_resident_oc(cg: Codegen, op: Op, x: GTensor, y: GTensor, g: Geometry, per_oc: int, rec: int) -> int:
+def _input_resident_oc(cg: Codegen, op: Op, x: GTensor, y: GTensor, g: Geometry, per_oc: int, rec: int,
+                       copies: int = 1) -> int:  # fmt: skip
     """Output channels per tile when one batch item's whole input stays in local memory while the filters
-    stream past it; 0 when it does not fit, or when the filters fit at once (then no input row is loaded
-    twice anyway)."""
+    stream past it in `copies` alternating buffer sets; 0 when it does not fit, or when the filters fit at
+    once (then no input row is loaded twice anyway)."""
     chip, fmt = cg.chip, x.fmt
     oc, ic = y.shape[1], x.shape[1]
     if x.shape[0] != 1 or _oc_tile(cg, per_oc, oc) >= oc:
         return 0
-    free = chip.lmem_size - local_bytes(chip, (1, ic, g.ih, g.iw), fmt)
-    param_shape = (2, 1, 1, 1) if fmt == "bf16" else (1, 1, 1, rec)
+    param_shape = (2, oc, 1, 1) if fmt == "bf16" else (1, oc, 1, rec)
+    free = chip.lmem_size - local_bytes(chip, (1, ic, g.ih, g.iw), fmt) - local_bytes(chip, param_shape, fmt, False)
 
     def fits(blocks: int) -> bool:
         t = min(oc, blocks * chip.lanes)
         need = local_bytes(chip, (1, t, g.kh * g.kw, ic), fmt, False) + local_bytes(chip, (1, t, g.oh, g.ow), fmt)
-        need += local_bytes(chip, (param_shape[0], t, 1, param_shape[3]), fmt, False)
-        return need <= free
+        return copies * need <= free
 
     return min(oc, largest_fit(-(-oc // chip.lanes), fits) * chip.lanes)
 
 
 def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, oc_base: int,
                          g: Geometry, tile_oc: int) -> None:  # fmt: skip
-    """Load the input once; per output-channel tile load its filters, convolve every row, store."""
-    s, fmt = cg.stream, x.fmt
+    """Load the input and every channel's parameters once; per output-channel tile (a whole number of lanes)
+    load its filters, convolve every row, store. Tiles alternate between two buffer sets where both fit."""
+    s, fmt, lanes = cg.stream, x.fmt, cg.chip.lanes
     relu, relu_max = fused_relu(op)
+    oc = y.shape[1]
     local = cg.local(op)
     lx = local.tensor((1, x.shape[1], g.ih, g.iw), fmt)
     dma.load(s, x, lx)
+    all_params = params.tile(oc_base, oc_base + oc)
+    lp_all = None
+    if all_params is not None:
+        lp_all = local.tensor(all_params.shape, all_params.fmt, eu_align=False)
+        dma.load(s, all_params, lp_all)
     top = local.top
     win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, (g.pads[0], _pad_bottom(g), g.pads[1], _pad_right(g)))
-    for o0 in range(0, y.shape[1], tile_oc):
-        o1 = min(y.shape[1], o0 + tile_oc)
-        local.reset(top)
-        lw, lp = _load_filter_tile(cg, local, w, params, oc_base, (o0, o1), g, x.shape[1])
-        ly = local.tensor((1, o1 - o0, g.oh, g.ow), fmt)
+    tiles = [(o0, min(oc, o0 + tile_oc)) for o0 in range(0, oc, tile_oc)]
+    set_bytes = 0
+
+    def buffers(j: int, load: bool = False) -> tuple[LTensor, LTensor]:
+        o0, o1 = tiles[j]
+        local.reset(top + (j % 2) * set_bytes)
+        lw = local.tensor((1, o1 - o0, g.kh * g.kw, x.shape[1]), w.fmt, eu_align=False)
+        if load:
+            dma.load(s, w.slice(c=(o0, o1)), lw)
+        return lw, local.tensor((1, o1 - o0, g.oh, g.ow), fmt)
+
+    if len(tiles) > 1:  # the first tile is the largest: its buffers size a set
+        buffers(0)
+        set_bytes = local.top - top if top + 2 * (local.top - top) <= cg.chip.lmem_size else 0
+
+    def work(j: int) -> None:
+        (o0, o1), (lw, ly) = tiles[j], buffers(j)
+        lp = None
+        if lp_all is not None:  # this tile's channels start o0 / lanes rows into every lane
+            view = (lp_all.shape[0], o1 - o0, *lp_all.shape[2:])
+            lp = LTensor(lp_all.addr + (o0 // lanes) * lp_all.strides[1], view, lp_all.fmt, lp_all.strides)
         s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
         if relu_max is not None:
             s.tiu(tiu.minimum(ly, ly, relu_max))
         dma.store(s, ly, y.slice(c=(o0, o1)))
+
+    pipeline(len(tiles), 2 if set_bytes else 1, lambda j: buffers(j, load=True), work)
 
 
 def _pad_bottom(g: Geometry) -> int:

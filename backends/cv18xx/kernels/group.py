@@ -32,7 +32,7 @@ from npuc.backends.cv18xx.kernels.elementwise import (
 )
 from npuc.backends.cv18xx.kernels.lut import lookup, replicated_table, table_shape
 from npuc.backends.cv18xx.kernels.pool import check_pool, pool_geometry, pool_supported, pool_tile
-from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit
+from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes, local_strides
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UserError
@@ -240,6 +240,12 @@ class _Slot:
     end: int  # op index of its last reader
     loaded: bool
     addr: int = 0
+    copy_stride: int = 0  # bytes between the two copies of a double-buffered slot (0: one copy)
+
+    def at(self, tile_index: int) -> int:
+        """The copy tile `tile_index` uses: double-buffered slots alternate, so the next tile's transfer
+        runs while this tile computes."""
+        return self.addr + (tile_index % 2) * self.copy_stride
 
     def rows(self, group: LayerGroup, tile: Tile) -> Rows:
         if not self.loaded:
@@ -256,6 +262,15 @@ class _Plan:
     slot_of: dict[tuple[int, int], _Slot] = field(default_factory=dict)  # (op index, input index) -> slot
     out_slot: dict[int, _Slot] = field(default_factory=dict)  # op index -> the slot its output fills
     scratch: dict[int, list[int]] = field(default_factory=dict)  # op index -> temporaries' addresses
+    peak: int = 0  # bytes per lane the plan uses, from address 0
+    double: bool = False  # group inputs and output have two copies (tiles alternate)
+
+    def shift(self, by: int) -> None:
+        """Move every address up by `by` bytes."""
+        self.resident = [[a + by for a in addrs] for addrs in self.resident]
+        for s in self.slots:
+            s.addr += by
+        self.scratch = {k: [a + by for a in addrs] for k, addrs in self.scratch.items()}
 
 
 def _local_tensor(cg: Codegen, name: str, rows: Rows, addr: int) -> LTensor:
@@ -333,41 +348,75 @@ def _slot_bytes(cg: Codegen, group: LayerGroup, slot: _Slot, tiles: list[Tile]) 
     return local_bytes(cg.chip, (1, c, tallest, w), fmt)
 
 
-def plan_group(cg: Codegen, group: LayerGroup, rows: int) -> _Plan | None:
-    """Addresses of every resident, slot and temporary for tiles of `rows` output rows; None if they don't fit."""
+def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False) -> _Plan | None:
+    """Addresses of every resident, slot and temporary for tiles of `rows` output rows; None if they don't fit.
+
+    With `double`, the slots the TDMA fills (group inputs) and drains (the group output) get two copies. With
+    cg.top_aligned the whole layout moves up against the top of the lane: consecutive units alternate, so a
+    group's resident loads land where the unit before it is not working and run under its compute."""
     chip = cg.chip
     tiles = list(group.tiles(cg.graph, rows))
     made = _slots(cg, group, tiles)
     if made is None:
         return None
     slots, slot_of, out_slot = made
-    plan = _Plan(tiles, [], slots, slot_of, out_slot)
+    plan = _Plan(tiles, [], slots, slot_of, out_slot, double=double)
+
     top = 0
     for op in group.ops:
         addrs = []
         for r in LOCAL_KERNELS[op.kind].resident(cg, op):
+            size = local_bytes(chip, r.shape, r.fmt, r.eu_align)
             addrs.append(top)
-            top += local_bytes(chip, r.shape, r.fmt, r.eu_align)
+            top += size
         plan.resident.append(addrs)
     base = top
     free = FreeList()
     sizes = {id(s): _slot_bytes(cg, group, s, tiles) for s in slots}
+    last = out_slot[len(group.ops) - 1]
+    copies = {id(s): 2 if double and (s.loaded or s is last) else 1 for s in slots}
+
+    def take(s: _Slot) -> None:
+        size = sizes[id(s)] * copies[id(s)]
+        s.addr = base + free.alloc(size)
+        s.copy_stride = sizes[id(s)] if copies[id(s)] == 2 else 0
+
+    def give(s: _Slot) -> None:
+        size = sizes[id(s)] * copies[id(s)]
+        free.release(s.addr - base, size)
+
+    # Double-buffered slots are placed before the tile's first op and live through it: the next tile's inputs
+    # are prefetched into them while this tile runs, and the last tile's output drains from them.
+    pinned = [s for s in slots if copies[id(s)] == 2]
+    for s in pinned:
+        take(s)
     for k, op in enumerate(group.ops):
         for s in slots:
-            if s.loaded and s.start == k:
-                s.addr = base + free.alloc(sizes[id(s)])
+            if s.loaded and s.start == k and s not in pinned:
+                take(s)
         out = out_slot[k]
-        out.addr = base + free.alloc(sizes[id(out)])
+        if out not in pinned:
+            take(out)
         temps = [free.alloc(sizes[id(out)]) for _ in range(LOCAL_KERNELS[op.kind].scratch(op))]
         plan.scratch[k] = [base + t for t in temps]
-        if base + free.top > chip.lmem_size:
+        plan.peak = max(plan.peak, base + free.top)
+        if plan.peak > chip.lmem_size:
             return None
         for t in temps:
             free.release(t, sizes[id(out)])
         for s in slots:
-            if s.end == k and not (s is out and k == len(group.ops) - 1):
-                free.release(s.addr - base, sizes[id(s)])
+            if s.end == k and s not in pinned and not (s is out and k == len(group.ops) - 1):
+                give(s)
+    if cg.top_aligned:
+        plan.shift(chip.lmem_size - plan.peak)
     return plan
+
+
+def _best_plan(cg: Codegen, group: LayerGroup) -> _Plan | None:
+    """Double-buffered when that costs no extra tiles, else single. (Shorter tiles to make room for two
+    copies were measured on resnet18_224: the halo rows they recompute and reload cost more than the
+    overlap gains, so the group keeps the tile height it was formed with.)"""
+    return plan_group(cg, group, group.rows, double=True) or plan_group(cg, group, group.rows)
 
 
 def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
@@ -384,7 +433,7 @@ def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str]) -> list[Op | Laye
 
 @kernel("layer_group")
 def emit_group(cg: Codegen, group: LayerGroup) -> None:
-    plan = plan_group(cg, group, group.rows)
+    plan = _best_plan(cg, group)
     if plan is None:
         raise UserError(f"{group.name}: its tiles no longer fit {cg.chip.name} local memory")
     s = cg.stream
@@ -396,16 +445,30 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
             dma.load(s, r.source(), lt)
             mine.append(lt)
         residents.append(mine)
-    for tile in plan.tiles:
-        b = tile.batch
-        held: dict[int, tuple[LTensor, Rows]] = {}
+
+    def loaded(j: int) -> dict[int, tuple[LTensor, Rows]]:
+        """Tile j's group inputs: the slot copy each is loaded into, and the rows it holds."""
+        tile, held = plan.tiles[j], {}
+        for slot in plan.slots:
+            if slot.loaded:
+                rows = slot.rows(group, tile)
+                held[id(slot)] = (_local_tensor(cg, slot.tensor, rows, slot.at(j)), rows)
+        return held
+
+    def load(j: int, at_op: int | None = None) -> None:
+        """Load tile j's group inputs: all of them, or (at_op) those first read by op `at_op`."""
+        b, held = plan.tiles[j].batch, loaded(j)
+        for slot in plan.slots:
+            if slot.loaded and at_op in (None, slot.start):
+                lt, rows = held[id(slot)]
+                dma.load(s, cg.gtensor(slot.tensor).slice(n=(b, b + 1), h=rows), lt)
+
+    def work(j: int) -> None:
+        tile = plan.tiles[j]
+        held = loaded(j)
         for k, op in enumerate(group.ops):
-            for slot in plan.slots:
-                if slot.loaded and slot.start == k:
-                    rows = slot.rows(group, tile)
-                    lt = _local_tensor(cg, slot.tensor, rows, slot.addr)
-                    dma.load(s, cg.gtensor(slot.tensor).slice(n=(b, b + 1), h=rows), lt)
-                    held[id(slot)] = (lt, rows)
+            if not plan.double:  # single copies: an input's slot may hold earlier temporaries until op k
+                load(j, at_op=k)
             ins, reads = [], []
             for i, name in enumerate(op.inputs):
                 if not name or cg.graph.tensors[name].is_const:
@@ -416,7 +479,7 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
                 reads.append(read)
             out_slot = plan.out_slot[k]
             rows = tile.rows[op.outputs[0]]
-            out = _local_tensor(cg, op.outputs[0], rows, out_slot.addr)
+            out = _local_tensor(cg, op.outputs[0], rows, out_slot.at(j))
             held[id(out_slot)] = (out, rows)
             temps = iter(plan.scratch[k])
 
@@ -425,4 +488,11 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
 
             LOCAL_KERNELS[op.kind].emit(cg, op, out, ins, reads, residents[k], new_tile)
         last = held[id(plan.out_slot[len(group.ops) - 1])][0]
+        b = tile.batch
         dma.store(s, last, cg.gtensor(group.output).slice(n=(b, b + 1), h=tile.rows[group.output]))
+
+    if plan.double:
+        pipeline(len(plan.tiles), 2, load, work)
+    else:
+        for j in range(len(plan.tiles)):
+            work(j)

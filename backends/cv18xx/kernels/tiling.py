@@ -82,23 +82,58 @@ def stream_rows(
     compute: Callable[[LTensor, LTensor, Window], None],
 ) -> None:
     """Produce `y` (one channel tile) from `x` in the largest row tiles that fit above `local.top` (where the
-    op's weights already sit): load the rows each tile reads, `compute(out_tile, in_tile, window)`, store."""
+    op's weights already sit): load the rows each tile reads, `compute(out_tile, in_tile, window)`, store.
+
+    Tiles alternate between two buffer sets when that costs at most one extra tile, so the next tile's load
+    and the last tile's store run while this tile computes."""
     chip, fmt = cg.chip, x.fmt
     mark = local.top
     ic, oc = x.shape[1], y.shape[1]
 
-    def fits(rows: int) -> bool:
+    def tile_bytes(rows: int) -> int:
         need = local_bytes(chip, (1, ic, min(g.ih, g.rows_needed(rows)), g.iw), fmt)
-        return mark + need + local_bytes(chip, (1, oc, rows, g.ow), fmt) <= chip.lmem_size
+        return need + local_bytes(chip, (1, oc, rows, g.ow), fmt)
 
-    rows = largest_fit(g.oh, fits)
-    if rows == 0:
+    single = largest_fit(g.oh, lambda rows: mark + tile_bytes(rows) <= chip.lmem_size)
+    if single == 0:
         raise does_not_fit(op_where(op), "one output row with the input rows it reads", chip)
-    for b in range(x.shape[0]):
-        for tile in row_tiles(g, rows):
-            local.reset(mark)
-            lx = local.tensor((1, ic, tile.ih1 - tile.ih0, g.iw), fmt)
-            ly = local.tensor((1, oc, tile.oh1 - tile.oh0, g.ow), fmt)
-            dma.load(cg.stream, x.slice(n=(b, b + 1), h=(tile.ih0, tile.ih1)), lx)
-            compute(ly, lx, tile.window)
-            dma.store(cg.stream, ly, y.slice(n=(b, b + 1), h=(tile.oh0, tile.oh1)))
+    rows, copies = single, 1
+    double = largest_fit(g.oh, lambda rows: mark + 2 * tile_bytes(rows) <= chip.lmem_size)
+    if double and -(-g.oh // double) <= -(-g.oh // single) + 1:
+        rows, copies = double, 2
+    tiles = [(b, tile) for b in range(x.shape[0]) for tile in row_tiles(g, rows)]
+
+    def buffers(j: int) -> tuple[LTensor, LTensor]:
+        tile = tiles[j][1]
+        local.reset(mark + (j % copies) * tile_bytes(rows))
+        lx = local.tensor((1, ic, tile.ih1 - tile.ih0, g.iw), fmt)
+        return lx, local.tensor((1, oc, tile.oh1 - tile.oh0, g.ow), fmt)
+
+    def load(j: int) -> None:
+        b, tile = tiles[j]
+        dma.load(cg.stream, x.slice(n=(b, b + 1), h=(tile.ih0, tile.ih1)), buffers(j)[0])
+
+    def compute_and_store(j: int) -> None:
+        b, tile = tiles[j]
+        lx, ly = buffers(j)
+        compute(ly, lx, tile.window)
+        dma.store(cg.stream, ly, y.slice(n=(b, b + 1), h=(tile.oh0, tile.oh1)))
+
+    pipeline(len(tiles), copies, load, compute_and_store)
+
+
+def pipeline(count: int, copies: int, load: Callable[[int], None], work: Callable[[int], None]) -> None:
+    """Emit `count` tiles: `load(j)` its inputs, then `work(j)` (compute and store). With two buffer copies
+    tile j+1's load is issued before tile j's work: the TDMA runs its stream in order, so only then can it
+    fetch the next tile while the TIU computes this one (the sync ids carry the true dependencies)."""
+    if copies < 2:
+        for j in range(count):
+            load(j)
+            work(j)
+        return
+    if count:
+        load(0)
+    for j in range(count):
+        if j + 1 < count:
+            load(j + 1)
+        work(j)
