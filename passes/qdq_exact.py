@@ -28,6 +28,8 @@ What is exact integer and what is not:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -35,6 +37,7 @@ import numpy as np
 import onnx
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op, QuantParams
+from npuc.compiler.kernels.quantized.bf16_act import bf16_constant
 from npuc.compiler.kernels.quantized.params import OpQuant
 from npuc.passes.fixedpoint import round_to_bf16
 from npuc.passes.qdq_ops import EMITTERS, OnnxBuilder, activation
@@ -357,6 +360,17 @@ def _bf16_pool(e: ExactBuilder, op: Op, ins: list[str]) -> None:
         e.bf16(activation(e.b, y, e.b.fresh(f"{op.outputs[0]}_act"), act), op.outputs[0])
 
 
+def _with_bf16_constants(op: Op) -> Op:
+    """A bf16 activation op with the bf16 constants the TIU multiplies and compares by (quantized/bf16_act.py)."""
+    act = getattr(op.attrs, "act", None)
+    if op.kind != "activation" or act is None or act.kind not in ("leaky_relu", "hard_sigmoid", "clip"):
+        return op
+    fields = {k: float(bf16_constant(getattr(act, k))) for k in ("alpha", "beta", "lo", "hi")}
+    rounded = copy.copy(op)
+    rounded.attrs = dataclasses.replace(op.attrs, act=dataclasses.replace(act, **fields))
+    return rounded
+
+
 class _ExactWriter:
     def __init__(self, e: ExactBuilder, graph: Graph, output_dequant: str) -> None:
         self.g, self.e = graph, e
@@ -398,7 +412,7 @@ class _ExactWriter:
             EMITTERS[op.kind](self.e.b, op, ins, out)
         else:
             pre = self.e.b.fresh(f"{out}_float")
-            EMITTERS[op.kind](self.e.b, op, ins, pre)
+            EMITTERS[op.kind](self.e.b, _with_bf16_constants(op), ins, pre)
             self.e.bf16(pre, out)
         self.value[out] = out
 

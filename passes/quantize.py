@@ -424,11 +424,19 @@ SCHEMES: Mapping[str, Scheme] = MappingProxyType(
 # The pass
 
 
-def _unfuse_activations(graph: Graph, rules: Mapping[str, Rule]) -> None:
-    """Split activations an int8 op cannot apply itself (leaky relu, sigmoid...) into their own op."""
+def _bf16_act_ok(op: Op) -> bool:
+    """A fused activation every bf16 TIU op applies itself: ReLU (its relu flag), nothing else."""
+    act = ops.fused_act(op)
+    return act is None or act.kind == "relu" or (act.kind == "clip" and act.lo == 0.0 and act.hi == np.inf)
+
+
+def _unfuse_activations(graph: Graph, keeps: Callable[[Op], bool]) -> list[str]:
+    """Split fused activations an op cannot apply itself (`keeps(op)` false) into their own op; returns the
+    names of the new activation ops."""
+    added = []
     for op in list(graph.ops):
         act = ops.fused_act(op)
-        if act is None or op.kind == "activation" or op.kind not in rules or _int8_act_ok(op):
+        if act is None or op.kind == "activation" or keeps(op):
             continue
         mid = graph.unique_name(f"{op.name}_preact")
         graph.add_tensor(mid, graph.shape(op.outputs[0]), graph.tensors[op.outputs[0]].dtype)
@@ -439,6 +447,8 @@ def _unfuse_activations(graph: Graph, rules: Mapping[str, Rule]) -> None:
         graph.ops.insert(
             graph.ops.index(op) + 1, Op(f"{op.name}_act", "activation", [mid], [out], ops.ActivationOp(act))
         )
+        added.append(f"{op.name}_act")
+    return added
 
 
 def quantize(
@@ -461,12 +471,21 @@ def quantize(
         thresholds = thresholds_for_graph(qgraph, table, table_names=table_names)
     else:
         thresholds = copy.deepcopy(table) if table is not None else ThresholdMap()  # never edit the caller's
+    keep_float = set(float_layers)
     if main.fallback is not None:
-        _unfuse_activations(qgraph, main.rules)
+        # int8 ops keep ReLU and ReLU6; an op kept in bf16 keeps ReLU only, its split activation stays bf16
+        floated = {op.name for op in qgraph.ops if keep_float & {op.name, *op.outputs}}
+
+        def keeps(op: Op) -> bool:
+            return op.kind not in main.rules or (_bf16_act_ok if op.name in floated else _int8_act_ok)(op)
+
+        added = _unfuse_activations(qgraph, keeps)
+        keep_float |= floated | {name for name in added if name.removesuffix("_act") in floated}
         for op in qgraph.ops:  # the pre-activation tensors now have names of their own
             if op.name in thresholds.pre_activation:
                 thresholds.thresholds.setdefault(op.outputs[0], thresholds.pre_activation[op.name])
-    keep_float = set(float_layers)
+    else:
+        _unfuse_activations(qgraph, _bf16_act_ok)
     ctx = QuantContext(qgraph, thresholds)
     new_ops: list[Op] = []
     for op in qgraph.ops:

@@ -13,6 +13,7 @@ import numpy as np
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
+from npuc.compiler.kernels.quantized.bf16_conv import accumulate_windows
 from numpy.lib.stride_tricks import sliding_window_view
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
@@ -185,6 +186,15 @@ def _bf16_bias(ctx: TiuContext, oc: int) -> np.ndarray:
     return ((hi << 16) | lo).view(np.float32).astype(np.float64)
 
 
+def _bias_or_none(ctx: TiuContext, oc: int) -> np.ndarray | None:
+    return _bf16_bias(ctx, oc).ravel() if ctx.f["tsk_opd_num"] == 3 else None
+
+
+def _finish_bf16(ctx: TiuContext, acc: np.ndarray) -> None:
+    """Store float32 sums (bias included) of a bf16 conv/depthwise, rounded to bf16, with its ReLU."""
+    ctx.write_res(np.maximum(acc, 0) if ctx.f["opt_relu_typ"] else acc)
+
+
 def _finish(ctx: TiuContext, acc: np.ndarray) -> None:
     """Bias, requantization or bf16 rounding, ReLU, and the store of a conv/pool/depthwise result."""
     f, oc = ctx.f, acc.shape[1]
@@ -209,16 +219,23 @@ def tiu_conv(ctx: TiuContext) -> None:
     ic, oc, kh, kw = ctx.shape("opd1")
     e = ctx.esz  # weights are packed per output channel as [kh][kw][ic]
     w = ctx.lmem.read(f["opd1_addr"], (1, oc, kh * kw, ic), (0, kh * kw * ic * e, ic * e, e), ctx.fmt("opd1"))
-    w = (bf16_to_f32(w).astype(np.float64) if ctx.bf16 else w.astype(np.int64)).reshape(oc, kh, kw, ic)
-    win = _windows(ctx, x.astype(np.float64) if ctx.bf16 else x, kh, kw, 0)
-    _finish(ctx, np.einsum("ncyxij,ocij->noyx", win, w.transpose(0, 3, 1, 2), optimize=True))
+    w = (bf16_to_f32(w) if ctx.bf16 else w.astype(np.int64)).reshape(oc, kh, kw, ic).transpose(0, 3, 1, 2)
+    win = _windows(ctx, x, kh, kw, 0)
+    if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (quantized/bf16_conv.py)
+        _finish_bf16(ctx, accumulate_windows(win, w, 1, _bias_or_none(ctx, oc)))
+        return
+    _finish(ctx, np.einsum("ncyxij,ocij->noyx", win, w, optimize=True))
 
 
 def tiu_depthwise(ctx: TiuContext) -> None:
     x = ctx.read("opd0")
     n, c, kh, kw = ctx.shape("opd1")
     w = ctx.operand("opd1")
-    win = _windows(ctx, x.astype(np.float64) if ctx.bf16 else x, kh, kw, 0)
+    win = _windows(ctx, x, kh, kw, 0)
+    if ctx.bf16:
+        filters = np.broadcast_to(np.asarray(w, np.float32), (1, c, kh, kw)).reshape(c, 1, kh, kw)
+        _finish_bf16(ctx, accumulate_windows(win, filters, c, _bias_or_none(ctx, c)))
+        return
     _finish(ctx, (win * (w.reshape(1, c, 1, 1, kh, kw) if np.ndim(w) else w)).sum(axis=(4, 5)))
 
 
@@ -239,11 +256,14 @@ def tiu_avg_pool(ctx: TiuContext) -> None:
 
 
 def tiu_mul(ctx: TiuContext) -> None:
-    prod = ctx.read("opd0") * ctx.operand("opd1")
     f = ctx.f
-    if ctx.bf16:
-        ctx.write_res(flush_subnormal(prod))
-    elif f["opt_chl_quan"]:
+    if ctx.bf16:  # subnormal operands read as zero (a subnormal times 1.625 gives 0 on the vendor's); the
+        # relu flag applies (the vendor's bf16 Mul -> Relu result has no negative value)
+        prod = flush_subnormal(flush_subnormal(ctx.read("opd0")) * flush_subnormal(ctx.operand("opd1")))
+        ctx.write_res(np.maximum(prod, 0) if f["opt_relu_typ"] else prod)
+        return
+    prod = ctx.read("opd0") * ctx.operand("opd1")
+    if f["opt_chl_quan"]:
         ctx.write_res(saturate(qdm(prod, f["quan_m"], f["opt_res_shift"]), bool(f["opt_relu_typ"])))
     elif f["opt_res0_seg"] == 0:
         ctx.write_res(saturate(round_shift(prod, f["opt_res_shift"]), bool(f["opt_relu_typ"]), 16))
@@ -255,7 +275,8 @@ def tiu_mac(ctx: TiuContext) -> None:
     f = ctx.f
     if ctx.bf16:
         prev = bf16_to_f32(ctx.lmem.read(f["res0_addr"], ctx.shape("res0"), ctx.strides("res0"), "bf16"))
-        acc = flush_subnormal(ctx.read("opd0") * ctx.operand("opd1") + (prev if f["opt_res_add"] else 0))
+        a, b, prev = (flush_subnormal(v) for v in (ctx.read("opd0"), ctx.operand("opd1"), prev))
+        acc = flush_subnormal(a * b + (prev if f["opt_res_add"] else 0))
         ctx.write_res(np.maximum(acc, 0) if f["opt_relu_typ"] else acc)
         return
     acc = ctx.read("opd0") * ctx.operand("opd1")

@@ -4,6 +4,11 @@ int8 add/sub is cvikernel's MUL-then-MAC chain: the first input times its int8 m
 accumulator (two byte planes), every further input multiplied and accumulated, the last MAC shifting right
 with rounding and saturating to int8 (specs/cv18xx.md §3.4). max/min rescale each input first; mul uses
 the 32-bit QDM multiplier. Tensors are tiled along N, C (in lane multiples) and H.
+
+bf16 LeakyReLU, hard-sigmoid and hard-swish are TIU arithmetic with bf16 constants, step for step what
+compiler/kernels/quantized/bf16_act.py computes: leaky `max(x, 0) + min(x, 0) * alpha` (one MAC);
+hard-sigmoid `y = beta` (a max and a min against it), `y += x * alpha`, clamped to [0, 1]; hard-swish
+`x * hard_sigmoid(x)`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_by
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
+from npuc.compiler.kernels.quantized.bf16_act import HARD_SWISH_ALPHA, HARD_SWISH_BETA
 
 BF16_ONE, BF16_MINUS_ONE = 0x3F80, 0xBF80
 
@@ -161,10 +167,12 @@ def compute_eltwise(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], new_t
         if relu:
             s.tiu(tiu.maximum(out, out, 0))
     elif kind == "mul":
-        if bf16:
-            s.tiu(tiu.mul(out, ins[0], ins[1], relu=relu))
+        if bf16:  # ReLU as its own max: npuc's simulator ignores a bf16 MUL's relu flag, the vendor's does not
+            s.tiu(tiu.mul(out, ins[0], ins[1]))
             for lt in ins[2:]:
-                s.tiu(tiu.mul(out, out, lt, relu=relu))
+                s.tiu(tiu.mul(out, out, lt))
+            if relu:
+                s.tiu(tiu.maximum(out, out, 0))
         else:
             if len(ins) != 2:
                 raise no_kernel(op, f"int8 mul of {len(ins)} inputs")
@@ -172,24 +180,46 @@ def compute_eltwise(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], new_t
     clamp(cg, op, out)
 
 
+def _bf16(value: float) -> int:
+    return int(bf16_bits(np.float32(value)))
+
+
+BF16_TIU_ACTS = ("leaky_relu", "hard_sigmoid", "hard_swish")  # bf16-only activations of compute_relu_like
+WRITES_APART = ("hard_sigmoid", "hard_swish")  # they need `out` apart from `x` (else a temporary)
+
+
 def _relu_like(cg: Codegen, op: Op) -> None:
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     local = cg.local(op)
+    apart = op.attrs.act.kind in WRITES_APART
     for b, cs, hs in tiles(cg, op, y.shape, y.fmt, 2):
         local.reset()
         lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
+        out = local.tensor(lt.shape, lt.fmt) if apart else lt
         dma.load(cg.stream, _part(x, b, cs, hs), lt)
-        compute_relu_like(cg, op, lt, lt, lambda t=lt: local.tensor(t.shape, t.fmt))
-        dma.store(cg.stream, lt, _part(y, b, cs, hs))
+        compute_relu_like(cg, op, out, lt, lambda t=lt: local.tensor(t.shape, t.fmt))
+        dma.store(cg.stream, out, _part(y, b, cs, hs))
 
 
 def relu_like_ok(op: Op) -> bool:
     act, mode = op.attrs.act, quant_of(op).mode
-    return act.kind in ("relu", "clip") or (act.kind == "leaky_relu" and mode == "bf16")
+    return act.kind in ("relu", "clip") or (act.kind in BF16_TIU_ACTS and mode == "bf16")
+
+
+def _hard_sigmoid(cg: Codegen, y: LTensor, x: LTensor, alpha: float, beta: float) -> None:
+    """y = clip(x * alpha + beta, 0, 1) with one rounding before the clamp; `y` must not be `x`."""
+    s = cg.stream
+    s.tiu(tiu.maximum(y, x, _bf16(beta)))  # with the min: y = beta whatever x is
+    s.tiu(tiu.minimum(y, y, _bf16(beta)))
+    s.tiu(tiu.mac(y, x, _bf16(alpha), 16, 0, False, True))
+    s.tiu(tiu.maximum(y, y, 0))
+    s.tiu(tiu.minimum(y, y, BF16_ONE))
 
 
 def compute_relu_like(cg: Codegen, op: Op, out: LTensor, x: LTensor, new_tile: Callable[[], LTensor]) -> None:
-    """ReLU / clip (int8, bf16) and bf16 LeakyReLU of one tile (`out` may be `x`); leaky needs one temporary."""
+    """ReLU / clip (int8, bf16) and bf16 LeakyReLU, hard-sigmoid, hard-swish of one tile. `out` may be `x`
+    except for hard-sigmoid/-swish (a layer group gives every op's output its own slot); leaky takes one
+    temporary from `new_tile()`."""
     q = quant_of(op)
     act = op.attrs.act
     s = cg.stream
@@ -197,19 +227,28 @@ def compute_relu_like(cg: Codegen, op: Op, out: LTensor, x: LTensor, new_tile: C
     if not relu_like_ok(op):
         raise no_kernel(op, f"{q.mode} {act.kind}")
     if act.kind == "leaky_relu":
-        scaled = new_tile()
-        s.tiu(tiu.mul(scaled, x, int(bf16_bits(np.float32(act.alpha)))))
-        pick = tiu.maximum if act.alpha <= 1 else tiu.minimum
-        s.tiu(pick(out, x, scaled))
+        neg = new_tile()
+        s.tiu(tiu.minimum(neg, x, 0))
+        s.tiu(tiu.maximum(out, x, 0))
+        s.tiu(tiu.mac(out, neg, _bf16(act.alpha), 16, 0, False, True))
+        return
+    if act.kind in WRITES_APART:
+        if out.addr == x.addr:
+            raise ValueError(f"{op_where(op)}: {act.kind} writes a tile apart from its input")
+        if act.kind == "hard_sigmoid":
+            _hard_sigmoid(cg, out, x, act.alpha, act.beta)
+        else:  # the multiply reads x and the hard sigmoid in `out`, writing in place
+            _hard_sigmoid(cg, out, x, HARD_SWISH_ALPHA, HARD_SWISH_BETA)
+            s.tiu(tiu.mul(out, x, out))
         return
     lo = 0 if act.kind == "relu" else act.lo
     if bf16:
         src = x
         if np.isfinite(lo):
-            s.tiu(tiu.maximum(out, src, int(bf16_bits(np.float32(lo)))))
+            s.tiu(tiu.maximum(out, src, _bf16(lo)))
             src = out
         if act.kind == "clip" and np.isfinite(act.hi):
-            s.tiu(tiu.minimum(out, src, int(bf16_bits(np.float32(act.hi)))))
+            s.tiu(tiu.minimum(out, src, _bf16(act.hi)))
             src = out
         if src is not out:
             s.tiu(tiu.copy(out, x))

@@ -48,6 +48,9 @@ def concat(cg: Codegen, op: Op) -> None:
     y = cg.gtensor(op.outputs[0])
     e = 2 if y.fmt == "bf16" else 1
     total = out_shape[axis]
+    # the elements after the axis as rows of the output's last dim, so a wide tensor tiles by rows
+    width = out_shape[-1] if axis < len(out_shape) - 1 else 1
+    rows = inner // width
     mults = np.asarray(q.multiplier).ravel() if q.multiplier is not None else None
     shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(op.inputs),)) if q.rshift is not None else None
     s = cg.stream
@@ -55,16 +58,15 @@ def concat(cg: Codegen, op: Op) -> None:
     for i, name in enumerate(op.inputs):
         size = cg.graph.shape(name)[axis]
         place = cg.plan.places[name]
-        # (outer, size, 1, inner) views of the input and of its slot in the output
-        src = GTensor(place.region, place.offset, (outer, size, 1, inner), y.fmt,
-                      (size * inner * e, inner * e, inner * e, e))  # fmt: skip
-        dst = GTensor(y.region, y.offset + start * inner * e, (outer, size, 1, inner), y.fmt,
-                      (total * inner * e, inner * e, inner * e, e))  # fmt: skip
+        # (outer, size, rows, width) views of the input and of its slot in the output
+        view = (outer, size, rows, width)
+        src = GTensor(place.region, place.offset, view, y.fmt, (size * inner * e, inner * e, width * e, e))
+        dst = GTensor(y.region, y.offset + start * inner * e, view, y.fmt, (total * inner * e, inner * e, width * e, e))
         rescale = mults is not None and (int(mults[i]) != 1 or int(shifts[i]) != 0)
         local = cg.local(op)
         for b, cs, hs in tiles(cg, op, src.shape, src.fmt, 1):
             local.reset()
-            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], inner), src.fmt)
+            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], width), src.fmt)
             dma.load(s, _part(src, b, cs, hs), lt)
             if rescale:
                 s.tiu(tiu.mul(lt, lt, int(mults[i]), int(shifts[i])))

@@ -1,10 +1,11 @@
 """bf16 kernels: each op computed in float (float32 operands that are bf16 values), its result rounded to bf16.
 
 This is the cv18xx bf16 path (specs/cv18xx.md §4): the TIU takes bf16 operands, accumulates wider and rounds
-each op's result to the nearest even bf16; a conv/gemm bias is fp32. Average pooling multiplies the window
+each op's result to the nearest even bf16; a conv/gemm bias is fp32. A conv sums its products as the TIU
+does, in float32 rounding toward zero in a fixed order (bf16_conv.py). Average pooling multiplies the window
 sum by the bf16 constant 1/(kh·kw), as the hardware has no divider. Sigmoid and tanh are not the exact
-functions but the chip's table interpolation (bf16_lut.py). The accumulation order inside the TIU is not
-modelled, so results can differ from the chip in the last bf16 bit.
+functions but the chip's table interpolation (bf16_lut.py); ReLU-like, hard-sigmoid/-swish and PReLU follow
+the TIU's step-by-step arithmetic (bf16_act.py). The matmul's accumulation is not modelled (float math).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from ...ir import Op
 from ...ops import OPS
 from ..activation import apply_activation
 from ..registry import FLOAT_KERNELS, KernelFn
+from .bf16_act import prelu as prelu_steps
+from .bf16_act import tiu_activation, tiu_activation_kinds
+from .bf16_conv import conv2d_sums
 from .bf16_lut import slope_lookup, table_kinds
 from .int8 import window_sums
 from .registry import quant_kernel
@@ -55,13 +59,35 @@ def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def activation(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Sigmoid/tanh through the cv18xx bf16 tables (what the TPU computes); other activations rounded."""
-    if op.attrs.act.kind in table_kinds():
-        return [slope_lookup(round_to_bf16(inputs[0]), op.attrs.act.kind)]
+    """Sigmoid/tanh through the cv18xx bf16 tables, piecewise-linear ones by the TIU's steps (what the TPU
+    computes); other activations rounded."""
+    kind = op.attrs.act.kind
+    if kind in table_kinds():
+        return [slope_lookup(round_to_bf16(inputs[0]), kind)]
+    if kind in tiu_activation_kinds():
+        return [tiu_activation(round_to_bf16(inputs[0]), op.attrs.act)]
     return _rounded(FLOAT_KERNELS["activation"])(op, inputs)
 
 
-_SPECIAL: dict[str, KernelFn] = {"pool2d": pool2d, "global_pool": global_pool, "activation": activation}
+def prelu(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    x, slope = (round_to_bf16(np.asarray(v, np.float32)) for v in inputs)
+    return [prelu_steps(x, slope)]
+
+
+def conv2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    a = op.attrs
+    bias = inputs[2] if len(inputs) > 2 else None
+    y = conv2d_sums(inputs[0], inputs[1], a.strides, a.pads, a.dilations, a.group, bias)
+    return [round_to_bf16(apply_activation(round_to_bf16(y), a.act))]
+
+
+_SPECIAL: dict[str, KernelFn] = {
+    "pool2d": pool2d,
+    "global_pool": global_pool,
+    "activation": activation,
+    "prelu": prelu,
+    "conv2d": conv2d,
+}
 
 for _kind in OPS:
     if _kind in _SPECIAL:

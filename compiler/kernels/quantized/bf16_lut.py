@@ -93,10 +93,11 @@ def table_index(x: np.ndarray, table: SlopeTable) -> tuple[np.ndarray, np.ndarra
 
 
 def multiply_accumulate(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
-    """bf16 `acc + a * b` as the TIU MAC rounds it: the exact product added in float32, subnormals flushed,
-    rounded to bf16."""
-    exact = np.asarray(acc, np.float32) + np.asarray(a, np.float32) * np.asarray(b, np.float32)
-    return round_to_bf16(flush_subnormal(exact))
+    """bf16 `acc + a * b` as the TIU MAC rounds it: subnormal operands read as zero, the exact product added in
+    float32, a subnormal result flushed to +0, rounded to bf16. (The vendor simulator gives 0 for a subnormal
+    times 1.625 although the product is a normal float: operands are flushed, not only results.)"""
+    a, b, acc = (flush_subnormal(v) for v in (a, b, acc))
+    return round_to_bf16(flush_subnormal(acc + a * b))
 
 
 def slope_lookup(x: np.ndarray, kind: str) -> np.ndarray:
