@@ -1,6 +1,6 @@
 """Int8 accuracy on real pictures: the PP-LCNet orientation classifier in the cv18xx int8 scheme vs fp32.
 
-    .venv/bin/python bench/accuracy.py [--photos N] [--mixed 0.99] [--diagnose]
+    .venv/bin/python bench/accuracy.py [--photos N] [--mixed 0.99] [--diagnose] [--methods M,..] [--cross]
 
 Pictures (scikit-image, offline): `page()` turned 0/90/180/270 degrees and every bundled photo turned the
 same four ways. Calibration (npuc, KL, tpu-mlir's default method) runs on the same pictures mirrored left to
@@ -10,15 +10,40 @@ pictures), for the KL table as is and after tpu-mlir's 5-sample tune step (`npuc
 default of its run_calibration). onnxruntime's own static int8 quantization (quant_pre_process, then
 quantize_static: QDQ, per-channel weights, MinMax calibration over the same calibration pictures) is measured
 on the same data.
+
+Then what npuc can put into the same cv18xx int8 format, each fitted on the calibration pictures only
+(`METHODS`; all evaluated by the int8 reference interpreter): 1. a threshold search against the network's
+result (passes/threshold_search.py: coordinate descent, 5 candidates from KL to absmax per tensor, on every
+second calibration picture); 2. bias correction; 3. weight reconstruction (passes/refine.py: per layer, ridge
+least squares from the quantized upstream activations to the float output, sequential); and 1 + 3.
+--cross adds an honesty check on generalisation: calibrate and refine on the mirrored pictures of every other
+photo, evaluate on the other photos (both halves pooled), so no evaluated photo was seen at all.
 With --mixed COS, `npuc compare`'s auto-mixed search (run on every fourth picture, to bound its time) picks
 bf16 layers for that pooled output cosine, and the result is measured on all pictures. --diagnose adds the
 scheme simulated in float with per-tensor and with per-channel activation thresholds (see `diagnose`).
 
-Measured (76 pictures, 15 confident; top-1 agreement 1.0 in every row): KL 0.951 mean cosine, KL + tune
-0.962, onnxruntime 0.961; float simulation per-tensor 0.967, per-channel 0.994. The cv18xx integer arithmetic
-matches its float simulation; what separates the scheme from 0.99 is per-tensor activation thresholds
-(PP-LCNet's channels differ in range by up to ~40x inside one tensor, e.g. the stem's hardswish output,
-and the following depthwise convs amplify the small ones), which no threshold choice removes.
+Measured (76 pictures, 15 confident; top-1 agreement 1.0 in every row; mean / worst output cosine):
+KL 0.951 / 0.41, KL + tune 0.962 / 0.50, onnxruntime 0.961 / 0.67; threshold search 0.960 / 0.41, bias
+correction 0.949 / 0.48, weight reconstruction 0.981 / 0.86 (the best), search + reconstruction 0.976 / 0.81.
+Cross-photo: KL 0.938, bias correction 0.934, weight reconstruction 0.956. Float simulation: per-tensor
+0.966, per-channel activations 0.994. Run time with --diagnose --cross: 5 min on 2 idle cores (11 min when
+shared); on 76 pictures KL takes 12 s, the search 105 s, weight reconstruction 18 s (the seconds column
+includes the KL calibration each method starts from).
+
+The issue's 0.99 mean cosine is not reached honestly. The cv18xx integer arithmetic matches its float
+simulation; what separates the scheme from 0.99 is per-tensor activation thresholds (PP-LCNet's channels
+differ in range by up to ~40x inside one tensor, e.g. the stem's hardswish output, and the following
+depthwise convs amplify the small ones' rounding noise), which no threshold choice removes: the search raises
+its objective on the calibration pictures (on 16 pictures 0.94 -> 0.995 with the softmax output as the
+objective, yet 0.951 -> 0.948 on the evaluated ones; the logits objective used here gives 0.959) but the
+mean cosine is set by a few pictures whose fp32 output is nearly flat, and those do not carry over. Weight
+reconstruction learns a per-layer correction for that noise; on the mirrored calibration pictures it reaches
+0.9997 in simulation, on their unmirrored originals 0.981, on unseen photos 0.956 (+0.018 over KL): it
+generalises partly. Its ridge (0.1 × mean diagonal, towards the original weights, on every layer) was chosen
+by cross-validation within the calibration pictures (fit on half the photos' mirrored pictures, score on the
+other half's, both ways; mean cosine): KL 0.954; ridge 0.1 / 0.3 / 1.0 on every layer 0.967 / 0.963 / 0.955;
+with layers under 16 samples per unknown left to bias correction, ridge 1e-3 / 1e-2 / 1e-1 0.963 / 0.962 /
+0.963 (differences of this size are within the spread between the two halves, 0.943 vs 0.966 for KL).
 """
 
 from __future__ import annotations
@@ -55,13 +80,13 @@ class Accuracy:
 
     def row(self) -> str:
         return (
-            f"{self.label:<34} {self.pictures:>8} {self.confident:>9} {self.top1_agreement:>9.4f} "
+            f"{self.label:<47} {self.pictures:>8} {self.confident:>9} {self.top1_agreement:>9.4f} "
             f"{self.mean_cosine:>11.5f} {self.min_cosine:>10.5f} {self.seconds:>8.1f}"
         )
 
 
 HEADER = (
-    f"{'quantization':<34} {'pictures':>8} {'confident':>9} {'top1 agr':>9} {'mean cosine':>11} "
+    f"{'quantization':<47} {'pictures':>8} {'confident':>9} {'top1 agr':>9} {'mean cosine':>11} "
     f"{'min cosine':>10} {'seconds':>8}"
 )
 
@@ -181,49 +206,117 @@ def ort_int8_outputs(
     return np.concatenate([session.run(None, feed)[0] for feed in feeds])
 
 
-def _fake_quant_run(graph, weights, thresholds, feed, channel_peaks=None) -> np.ndarray:  # noqa: ANN001
-    """The float IR with every thresholded tensor on its int8 grid (weights per channel): the cv18xx scheme
-    without its integer arithmetic, or (channel_peaks) with per-channel activation thresholds instead."""
-    from npuc.compiler.kernels import FLOAT_KERNELS
-    from npuc.passes.tune import fake_quant
+def float_ir(model: Path, table):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
+    """The canonicalized float IR of `model` and the table's thresholds on its tensors."""
+    from npuc.frontends.onnx import import_model, load_model
+    from npuc.passes.calibrate import tensor_table_names
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.quantize import thresholds_for_graph
 
-    def grid(name: str, x: np.ndarray) -> np.ndarray:
-        if name not in thresholds:
-            return x
-        th = thresholds[name] if channel_peaks is None or name not in channel_peaks else channel_peaks[name]
-        return fake_quant(x, th) if np.ndim(th) == 0 else fake_quant(x / th, 1.0) * th
+    source = load_model(model)
+    graph = import_model(source)
+    canonicalize(graph)
+    return graph, thresholds_for_graph(graph, table, warn=False, table_names=tensor_table_names(source))
 
-    env = {n: grid(n, v) for n, v in feed.items()}
-    for op in graph.ops:
-        args = [weights.get(n, env[n] if n in env else graph.tensors[n].data) for n in op.inputs if n]
-        out = FLOAT_KERNELS[op.kind](op, args)[0]
-        env[op.outputs[0]] = out if op.kind == "softmax" else grid(op.outputs[0], out)
-    return env[graph.outputs[0]]
+
+def graph_int8_outputs(graph, thresholds, feeds: Sequence[dict[str, np.ndarray]]) -> np.ndarray:  # noqa: ANN001
+    """The cv18xx int8 reference interpreter's outputs for a float IR graph (refined or not) and a ThresholdMap."""
+    from npuc.compiler.interp import run
+    from npuc.compiler.kernels.quantized import QUANT_KERNELS
+    from npuc.passes.quantize import quantize
+
+    qgraph = quantize(graph, thresholds, "cv18xx_int8")
+    return np.concatenate([run(qgraph, feed, kernels=QUANT_KERNELS)[graph.outputs[0]] for feed in feeds])
+
+
+def searched(graph, thresholds, calib):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
+    """Method 1: thresholds from the global-objective search (passes/threshold_search.py), run on every
+    second calibration picture to bound its time."""
+    import copy
+
+    from npuc.passes.threshold_search import search_thresholds
+
+    result = search_thresholds(graph, thresholds.thresholds, calib[::2])
+    out = copy.deepcopy(thresholds)
+    out.thresholds.update(result.thresholds)
+    return graph, out
+
+
+def refined(graph, thresholds, calib, method: str):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
+    """Methods 2 and 3: bias correction or weight reconstruction (passes/refine.py) on the calibration pictures."""
+    from npuc.passes.refine import refine_weights
+
+    return refine_weights(graph, thresholds.thresholds, calib, method).apply(graph), thresholds
+
+
+# label -> (the method it starts from, or None for the KL table; what it does to (graph, thresholds, calib))
+METHODS = {
+    "kl + threshold search": (None, searched),
+    "kl + bias correction": (None, lambda g, th, calib: refined(g, th, calib, "bias")),
+    "kl + weight reconstruction": (None, lambda g, th, calib: refined(g, th, calib, "weights")),
+    "kl + search + weight reconstruction": (
+        "kl + threshold search",
+        lambda g, th, calib: refined(g, th, calib, "weights"),
+    ),
+}
+
+
+def apply_method(label: str, graph, thresholds, calib, done: dict) -> tuple:  # noqa: ANN001
+    """(graph, thresholds) of method `label`, reusing the result it starts from when `done` has it."""
+    base, fn = METHODS[label]
+    if base is not None:
+        if base not in done:
+            done[base] = apply_method(base, graph, thresholds, calib, done)
+        graph, thresholds = done[base]
+    done[label] = fn(graph, thresholds, calib)
+    return done[label]
 
 
 def diagnose(model: Path, table, calib, feeds, ref: np.ndarray) -> list[Accuracy]:  # noqa: ANN001
-    """Where the int8 error comes from: the scheme simulated in float with per-tensor activation thresholds
-    (integer arithmetic ruled out), and with per-channel ones, min(threshold, channel absmax over the
-    calibration pictures) — which cv18xx int8 cannot express."""
-    from npuc.compiler.commands.compare import Comparison
-    from npuc.compiler.interp import run
-    from npuc.passes.tune import fake_quant_weights
+    """Where the int8 error comes from: the scheme simulated in float (passes/qsim.py) with per-tensor
+    activation thresholds (integer arithmetic ruled out), and with per-channel ones, min(threshold, channel
+    absmax over the calibration pictures) — which cv18xx int8 cannot express."""
+    from npuc.passes.qsim import Simulator, stack_feeds
 
-    comparison = Comparison(model, table, feeds[:1], "cv18xx_int8")
-    graph, thresholds = comparison.graph, comparison.thresholds.thresholds
-    weights = fake_quant_weights(graph)
+    graph, thresholds = float_ir(model, table)
+    thresholds = thresholds.thresholds
     peaks: dict[str, np.ndarray] = {}
-    for feed in calib:
-        for name, value in run(graph, feed, keep_all=True).items():
-            if name in thresholds and np.ndim(value) == 4:
-                peak = np.abs(value).max(axis=(0, 2, 3)).reshape(1, -1, 1, 1)
-                peaks[name] = np.maximum(peaks.get(name, peak), peak)
-    channel = {n: np.maximum(np.minimum(p, thresholds[n]), 1e-5) for n, p in peaks.items()}
+
+    def channel_peak(i, op, raw):  # noqa: ANN001, ANN202
+        if raw.ndim == 4 and op.outputs[0] in thresholds:
+            peaks[op.outputs[0]] = np.abs(raw).max(axis=(0, 2, 3), keepdims=True)
+        return raw
+
+    float_sim, batch = Simulator(graph, {}), stack_feeds(calib)
+    float_sim.forward(batch, quantized=False, hook=channel_peak)
+    for name, value in batch.items():
+        peaks[name] = np.abs(value).max(axis=(0, 2, 3), keepdims=True)
+    channel = {n: np.maximum(np.minimum(p, thresholds[n]), 1e-5) for n, p in peaks.items() if n in thresholds}
     rows = []
-    for label, per_channel in (("float sim, per-tensor act (cv18xx)", None), ("float sim, per-channel act", channel)):
-        got = np.concatenate([_fake_quant_run(graph, weights, thresholds, f, per_channel) for f in feeds])
+    for label, table_of in (("float sim, per-tensor act (cv18xx)", {}), ("float sim, per-channel act", channel)):
+        got = Simulator(graph, {**thresholds, **table_of}).outputs(stack_feeds(feeds))
         rows.append(score(label, ref, got, 0.0))
     return rows
+
+
+def cross_photo(model: Path, pics, folder: Path) -> list[Accuracy]:  # noqa: ANN001
+    """KL and the refinements calibrated on the mirrored pictures of every other photo and evaluated on the
+    remaining photos' pictures (both halves, pooled): how far each generalises to photos it never saw."""
+    names = list(dict.fromkeys(n for n, _, _ in pics))
+    halves = [[p for p in pics if names.index(p[0]) % 2 == k] for k in (0, 1)]
+    refs, outs = [], {}
+    for k in (0, 1):
+        fit, held = halves[k], halves[1 - k]
+        calib, feeds = feeds_of(fit, mirror=True), feeds_of(held)
+        table = npuc_table(model, calib, folder / f"cross{k}")
+        graph, thresholds = float_ir(model, table)
+        refs.append(fp32_outputs(model, feeds))
+        outs.setdefault("kl", []).append(graph_int8_outputs(graph, thresholds, feeds))
+        for label in ("kl + bias correction", "kl + weight reconstruction"):
+            g, th = apply_method(label, graph, thresholds, calib, {})
+            outs.setdefault(label, []).append(graph_int8_outputs(g, th, feeds))
+    ref = np.concatenate(refs)
+    return [score(f"cross-photo: {label}", ref, np.concatenate(got), 0.0) for label, got in outs.items()]
 
 
 def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
@@ -233,9 +326,15 @@ def _timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
 
 
 def measure(
-    photos: int | None = None, mixed: float | None = None, max_float: int = 8, diagnosis: bool = False
+    photos: int | None = None,
+    mixed: float | None = None,
+    max_float: int = 8,
+    diagnosis: bool = False,
+    methods: Sequence[str] = tuple(METHODS),
+    cross: bool = False,
 ) -> tuple[list[Accuracy], list[str]]:
-    """Accuracy rows for npuc int8 (and auto-mixed when asked) and onnxruntime int8, plus notes."""
+    """Accuracy rows for npuc int8 (KL, tuned, each refinement in `methods`, auto-mixed when asked, the
+    cross-photo check when asked) and onnxruntime int8, plus notes."""
     from npuc.models.fetch import fetch_model
 
     model = fetch_model(MODEL)
@@ -244,11 +343,26 @@ def measure(
     ref = fp32_outputs(model, feeds)
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="npuc-bench-acc-") as tmp:
+        tables = {}
         for tune in (0, TUNE_SAMPLES):
             table, t_cal = _timed(lambda tune=tune: npuc_table(model, calib, Path(tmp) / "calib", tune))
             got, t_run = _timed(lambda table=table: npuc_int8_outputs(model, table, feeds))
             label = "npuc cv18xx int8 (kl" + (f", tune {tune})" if tune else ")")
             rows.append(score(label, ref, got, t_cal + t_run))
+            tables[tune] = (table, t_cal)
+        table, t_cal = tables[0]
+        graph, thresholds = float_ir(model, table)
+        done: dict[str, tuple] = {}
+        fit_seconds: dict[str, float] = {}
+        for label in methods:
+            (g, th), t_fit = _timed(lambda label=label: apply_method(label, graph, thresholds, calib, done))
+            base = METHODS[label][0]
+            fit_seconds[label] = t_fit + (fit_seconds.get(base, 0.0) if base in methods[: methods.index(label)] else 0)
+            got, t_run = _timed(lambda g=g, th=th: graph_int8_outputs(g, th, feeds))
+            rows.append(score(f"npuc int8 ({label})", ref, got, t_cal + fit_seconds[label] + t_run))
+        if cross:
+            rows += cross_photo(model, pics, Path(tmp))
+        table = tables[TUNE_SAMPLES][0]
         if diagnosis:
             rows += diagnose(model, table, calib, feeds, ref)
         if mixed is not None:
@@ -269,8 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mixed", type=float, default=None, help="Also search bf16 layers for this cosine.")
     parser.add_argument("--max-float", type=int, default=8, help="Bound of the --mixed search.")
     parser.add_argument("--diagnose", action="store_true", help="Also simulate the scheme in float (see diagnose).")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help=f"Comma-separated refinements to measure ({', '.join(METHODS)})."
+    )
+    parser.add_argument("--cross", action="store_true", help="Also the cross-photo check (see cross_photo).")
     args = parser.parse_args(argv)
-    rows, notes = measure(args.photos, args.mixed, args.max_float, args.diagnose)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"unknown --methods {unknown}; choose from {list(METHODS)}")
+    rows, notes = measure(args.photos, args.mixed, args.max_float, args.diagnose, methods, args.cross)
     print(f"model {MODEL}; calibration: the same pictures mirrored; confident: fp32 p > {CONFIDENT}")
     print(HEADER)
     for row in rows:

@@ -18,7 +18,10 @@ shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`,
 byte-identical to a single run's.
 
 `CalibrationOptions.tune` > 0 adds tpu-mlir's tune step after KL (passes/tune.py) on the first N samples;
-it needs the samples, so a merged table (`calibrate merge`) is never tuned.
+it needs the samples, so a merged table (`calibrate merge`) is never tuned. `CalibrationOptions.refine`
+("bias" or "weights") then refits conv / FC constants to the table on the first `refine_samples` samples
+(passes/refine.py); the result's `refinement` is what `passes.refinement.save_refinement` writes beside the
+table.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from npuc.passes.calitable import CalibrationTable, table_from_rows
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.histogram import DEFAULT_BINS, THRESHOLD_METHODS, CalibrationStats, load_stats, table_rows
 from npuc.passes.preprocess import InputSpec, Preprocess, list_samples, load_sample, model_inputs
+from npuc.passes.refine import METHODS as REFINE_METHODS
+from npuc.passes.refine import RefineResult
+from npuc.passes.refinement import refine_for_table
 from npuc.passes.tune import tune_table
 
 PASS_THROUGH_OPS = frozenset({"Identity", "Dropout"})
@@ -60,6 +66,8 @@ class CalibrationOptions:
     batch: int = 1
     bins: int = DEFAULT_BINS
     tune: int = 0  # samples for tpu-mlir's tune step after KL (its run_calibration default is 5); 0: none
+    refine: str = ""  # "", "bias" or "weights": refit conv / FC constants to the table (passes/refine.py)
+    refine_samples: int = 100  # samples the refinement holds in memory at once, as one batch
 
     def __post_init__(self) -> None:
         if self.method not in THRESHOLD_METHODS:
@@ -72,6 +80,10 @@ class CalibrationOptions:
             raise UserError(f"--tune {self.tune} must be between 0 and 1000 (tpu-mlir's default is 5)")
         if self.tune and self.method != "kl":
             raise UserError("--tune follows --method kl only (as in tpu-mlir); drop --tune or use --method kl")
+        if self.refine and self.refine not in REFINE_METHODS:
+            raise UserError(f"--refine {self.refine!r} is not one of {', '.join(REFINE_METHODS)}")
+        if not 1 <= self.refine_samples <= 10000:
+            raise UserError(f"--refine-samples {self.refine_samples} must be between 1 and 10000")
 
     def method_label(self) -> str:
         """The method as written in the table header."""
@@ -374,6 +386,7 @@ class CalibrationResult:
     samples: int
     seconds: float
     skipped: list[str]
+    refinement: RefineResult | None = None  # with CalibrationOptions.refine
 
 
 def calibrate(
@@ -407,7 +420,13 @@ def calibrate(
     table = None if range_only else stats_to_table(stats, options)
     if table is not None and options.tune > 0:
         table = tune(plan, table, [load_sample(p, plan.inputs, pre) for p in files[: options.tune]])
-    return CalibrationResult(stats, table, len(files), time.perf_counter() - start, plan.skipped)
+    refinement = None
+    if table is not None and options.refine:  # on the canonicalized IR, as the build will quantize it
+        graph = import_model(plan.model)
+        canonicalize(graph)
+        feeds = [load_sample(p, plan.inputs, pre) for p in files[: options.refine_samples]]
+        refinement = refine_for_table(graph, table, feeds, options.refine, table_names=plan.observed)
+    return CalibrationResult(stats, table, len(files), time.perf_counter() - start, plan.skipped, refinement)
 
 
 def tune(plan: CalibrationPlan, table: CalibrationTable, feeds: Sequence[dict[str, np.ndarray]]) -> CalibrationTable:

@@ -1,7 +1,8 @@
 """Int8 accuracy of the real PP-LCNet orientation classifier (cv18xx int8 scheme, npuc KL table) against fp32.
 
 A smaller picture set than bench/accuracy.py (page() and three photos, four rotations each; calibration on
-the same pictures mirrored), same code path.
+the same pictures mirrored), same code path: KL, KL + tune, where the error comes from, and the best honest
+refinement the bench found (weight reconstruction, passes/refine.py), also through its side file.
 """
 
 from __future__ import annotations
@@ -26,12 +27,17 @@ def accuracy():  # noqa: ANN201 - the bench module
 
 
 @pytest.fixture(scope="module")
-def measured(accuracy, real_model, tmp_path_factory):  # noqa: ANN001, ANN201
+def data(accuracy, real_model, tmp_path_factory):  # noqa: ANN001, ANN201
     model = real_model(accuracy.MODEL)
     pics = accuracy.pictures(photos=3)
     feeds, calib = accuracy.feeds_of(pics), accuracy.feeds_of(pics, mirror=True)
     table = accuracy.npuc_table(model, calib, tmp_path_factory.mktemp("calib"))
-    ref = accuracy.fp32_outputs(model, feeds)
+    return model, pics, feeds, calib, table, accuracy.fp32_outputs(model, feeds)
+
+
+@pytest.fixture(scope="module")
+def measured(accuracy, data):  # noqa: ANN001, ANN201
+    model, pics, feeds, _, table, ref = data
     return pics, ref, accuracy.npuc_int8_outputs(model, table, feeds)
 
 
@@ -83,4 +89,28 @@ def test_tuned_int8_and_where_the_error_comes_from(accuracy, tuned, measured):
     assert per_channel.mean_cosine >= 0.99
 
 
+def test_weight_reconstruction_and_its_side_file(accuracy, data, measured, tmp_path):  # noqa: ANN001
+    """Method 3 of the bench (the best honest one): conv / FC weights refitted to the quantized activations of
+    the calibration pictures; same integer format, evaluated by the int8 reference interpreter."""
+    from npuc.passes.refine import refine_weights
+    from npuc.passes.refinement import apply_refinement, load_refinement, save_refinement
+
+    model, _, feeds, calib, table, ref = data
+    graph, thresholds = accuracy.float_ir(model, table)
+    result = refine_weights(graph, thresholds.thresholds, calib, "weights")
+    assert len(result.layers) == 33  # every conv and the FC (its bias is the Add after the MatMul)
+    got = accuracy.graph_int8_outputs(result.apply(graph), thresholds, feeds)
+    plain, refit = accuracy.score("kl", ref, measured[2], 0.0), accuracy.score("refit", ref, got, 0.0)
+    assert refit.top1_agreement >= 0.98
+    # near the issue's 0.99 here only because the 16 calibration pictures are these pictures mirrored; the
+    # bench measures 0.981 on its 76 and 0.956 (KL 0.938) on photos the fit never saw
+    assert refit.mean_cosine == pytest.approx(REFIT_COSINE, abs=2e-3)
+    assert refit.mean_cosine > plain.mean_cosine + 0.02
+    # the side file a build would read gives the same integer network, bit for bit
+    save_refinement(tmp_path / "pplcnet.cali.refine.npz", result.constants)
+    again = apply_refinement(graph, load_refinement(tmp_path / "pplcnet.cali.refine.npz"))
+    np.testing.assert_array_equal(accuracy.graph_int8_outputs(again, thresholds, feeds), got)
+
+
 TUNED_COSINE = 0.9626  # 16 pictures, 10 confident
+REFIT_COSINE = 0.9898  # 16 pictures, 10 confident: KL 0.9509 -> weight reconstruction

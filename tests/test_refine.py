@@ -1,0 +1,181 @@
+"""The int8 refinement passes: the batched scheme simulator (passes/qsim.py), the global threshold search
+(passes/threshold_search.py), bias correction and weight reconstruction (passes/refine.py) and the
+refinement side file (passes/refinement.py), on small generated models."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from npuc.compiler.errors import UserError
+from npuc.compiler.interp import run
+from npuc.compiler.kernels import FLOAT_KERNELS
+from npuc.frontends.onnx import import_model
+from npuc.models.make_models import make_model
+from npuc.passes.calibrate import max_abs_thresholds
+from npuc.passes.canonicalize import canonicalize
+from npuc.passes.qsim import Simulator, activation_peaks, depthwise_conv, fake_quant, output_cosines, stack_feeds
+from npuc.passes.refine import linear, reconstruct, refine_weights
+from npuc.passes.refinement import apply_refinement, encode_refinement, load_refinement, save_refinement
+from npuc.passes.threshold_search import candidate_thresholds, search_thresholds
+
+
+def _graph(name: str):  # noqa: ANN202
+    graph = import_model(make_model(name))
+    canonicalize(graph)
+    return graph
+
+
+def _feeds(graph, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:  # noqa: ANN001
+    rng = np.random.default_rng(seed)
+    name = graph.inputs[0]
+    return [{name: rng.standard_normal(graph.shape(name)).astype(np.float32)} for _ in range(count)]
+
+
+def test_fake_quant_grid() -> None:
+    x = np.array([-2.0, -1.0, -0.003, 0.004, 0.5, 1.0, 3.0], np.float32)
+    got = fake_quant(x, 1.0)
+    np.testing.assert_array_equal(np.rint(got * 127), [-128, -127, 0, 1, 64, 127, 127])
+    per_channel = fake_quant(np.ones((1, 2, 1, 1), np.float32), np.array([2.0, 4.0]).reshape(1, 2, 1, 1))
+    np.testing.assert_allclose(per_channel.ravel(), [64 * 2 / 127, 32 * 4 / 127], rtol=1e-6)
+
+
+def test_depthwise_matches_float_kernel() -> None:
+    graph = _graph("conv_depthwise")
+    op = next(op for op in graph.ops if op.kind == "conv2d")
+    x = _feeds(graph, 3)[0][graph.inputs[0]].repeat(3, axis=0)
+    w = graph.const(op.inputs[1])
+    want = FLOAT_KERNELS["conv2d"](op, [x, w, graph.const(op.inputs[2])])[0]
+    got = linear(op, x, w, graph.const(op.inputs[2]))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert depthwise_conv(x, w, op).shape == (3, 8, 16, 16)
+
+
+def test_simulator_float_mode_is_the_float_interpreter() -> None:
+    graph = _graph("tinycnn")
+    feeds = _feeds(graph, 4)
+    want = np.concatenate([run(graph, f)[graph.outputs[0]] for f in feeds])
+    got = Simulator(graph, {}).outputs(stack_feeds(feeds), quantized=False)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # quantized: every activation on its grid, so the output is a multiple of its threshold / 127
+    thresholds = max_abs_thresholds(graph, feeds)
+    q = Simulator(graph, thresholds).outputs(stack_feeds(feeds))
+    codes = q / np.float32(thresholds[graph.outputs[0]] / 127)
+    np.testing.assert_allclose(codes, np.rint(codes), atol=1e-3)
+    assert 0.99 < output_cosines(want, q).min() < 1.0
+
+
+@pytest.mark.parametrize("model", ["conv_depthwise", "conv_basic", "matmul_dense"])
+def test_reconstruct_recovers_a_linear_map(model: str) -> None:
+    """With exact float data and no ridge, least squares returns the layer's own weights and bias."""
+    graph = _graph(model)
+    op = next(op for op in graph.ops if op.kind in ("conv2d", "matmul", "gemm"))
+    x = np.concatenate([run(graph, f, keep_all=True)[op.inputs[0]] for f in _feeds(graph, 300)])
+    w = graph.const(op.inputs[1])
+    b = graph.const(op.inputs[2]) if len(op.inputs) > 2 else np.zeros(w.shape[-1], np.float32)
+    y = linear(op, x, w, b)
+    new_w, new_b = reconstruct(op, x, y, w * 0.5, b * 0 + 1.0, ridge=0.0)
+    np.testing.assert_allclose(new_w, w, atol=2e-3)
+    np.testing.assert_allclose(new_b, b, atol=2e-3)
+
+
+def test_bias_correction_zeroes_the_mean_error() -> None:
+    graph = _graph("conv_basic")
+    feeds = _feeds(graph, 8)
+    thresholds = {n: t * 0.5 for n, t in max_abs_thresholds(graph, feeds).items()}  # clipping: a biased error
+    result = refine_weights(graph, thresholds, feeds, "bias")
+    op = graph.ops[0]
+    assert set(result.constants) == {op.inputs[2]}
+    refined = result.apply(graph)
+    batch = stack_feeds(feeds)
+    x_q = fake_quant(batch[graph.inputs[0]], thresholds[graph.inputs[0]])
+    sim = Simulator(refined, thresholds)
+    w_q = sim.constant(refined.ops[0], 1, True)
+    want = linear(op, batch[graph.inputs[0]], graph.const(op.inputs[1]), graph.const(op.inputs[2]))
+    err = linear(op, x_q, w_q, refined.const(op.inputs[2])) - want
+    np.testing.assert_allclose(err.mean(axis=(0, 2, 3)), 0.0, atol=1e-4)
+    assert result.layers == [op.name]
+
+
+@pytest.mark.parametrize("method", ["bias", "weights"])
+def test_refinement_improves_the_calibration_output(method: str) -> None:
+    graph = _graph("tinycnn")
+    feeds = _feeds(graph, 8)
+    # a coarse grid (4x the range: 1/4 of the codes used) and no clipping: the error is rounding alone
+    thresholds = {n: t * 4 for n, t in max_abs_thresholds(graph, feeds).items()}
+    before = copy.deepcopy(graph)
+    result = refine_weights(graph, thresholds, feeds, method)
+    assert result.cosine_after > result.cosine_before  # measured 1 - cosine: 2.39e-4 -> 2.03e-4 / 2.33e-4
+    assert len(result.layers) == 3  # two convs and the FC
+    for name, tensor in before.tensors.items():  # the input graph is left as it was
+        if tensor.is_const:
+            np.testing.assert_array_equal(graph.tensors[name].data, tensor.data)
+    with pytest.raises(UserError, match="not one of"):
+        refine_weights(graph, thresholds, feeds, "magic")
+
+
+def test_threshold_search_only_raises_towards_absmax_and_never_loses() -> None:
+    np.testing.assert_allclose(candidate_thresholds(1.0, 16.0, 5), [1, 2, 4, 8, 16])
+    np.testing.assert_allclose(candidate_thresholds(1.0, 1.01, 5), [1.0])
+    graph = _graph("tinycnn")
+    feeds = _feeds(graph, 6)
+    peaks = activation_peaks(graph, stack_feeds(feeds))
+    thresholds = {n: t * 0.3 for n, t in peaks.items()}
+    result = search_thresholds(graph, thresholds, feeds, candidates=3)
+    assert result.cosine_after >= result.cosine_before
+    assert result.changed
+    for name, th in result.thresholds.items():
+        assert thresholds[name] <= th <= peaks[name] * 1.0001
+    assert result.thresholds[graph.inputs[0]] == thresholds[graph.inputs[0]]
+
+
+def test_refinement_file_round_trip_and_checks(tmp_path) -> None:  # noqa: ANN001
+    graph = _graph("conv_1x1_nobias")
+    feeds = _feeds(graph, 4)
+    result = refine_weights(graph, max_abs_thresholds(graph, feeds), feeds, "weights")
+    op = graph.ops[0]
+    assert sorted(result.constants) == sorted([op.inputs[1], f"{op.name}_refined_bias"])
+    data = encode_refinement(result.constants)
+    assert data == encode_refinement(dict(reversed(list(result.constants.items()))))  # deterministic
+    path = tmp_path / "model.cali.refine.npz"
+    save_refinement(path, result.constants)
+    assert path.read_bytes() == data
+    loaded = load_refinement(path)
+    refined = apply_refinement(graph, loaded)
+    assert refined.ops[0].inputs[2] == f"{op.name}_refined_bias"
+    np.testing.assert_array_equal(refined.const(op.inputs[1]), result.constants[op.inputs[1]])
+    with pytest.raises(UserError, match="another model"):
+        apply_refinement(_graph("conv_basic"), loaded)
+    with pytest.raises(UserError, match="another model"):  # a bias of the wrong length
+        apply_refinement(graph, {**loaded, f"{op.name}_refined_bias": np.zeros(3, np.float32)})
+    (tmp_path / "bad.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="not a readable refinement file"):
+        load_refinement(tmp_path / "bad.npz")
+    with pytest.raises(UserError, match="not found"):
+        load_refinement(tmp_path / "missing.npz")
+
+
+def test_calibrate_refine_option(tmp_path) -> None:  # noqa: ANN001
+    """`calibrate(..., CalibrationOptions(refine="weights"))`: the table as without it, plus the refinement of
+    the canonicalized model, which the side file carries to a build."""
+    from npuc.models.make_models import make_all
+    from npuc.passes.calibrate import CalibrationOptions, calibrate
+
+    model = make_all(tmp_path, ["tinycnn"])["tinycnn"]
+    graph = _graph("tinycnn")
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    for i, feed in enumerate(_feeds(graph, 6)):
+        np.savez(samples / f"{i:02d}.npz", **feed)
+    plain = calibrate(model, [samples])
+    result = calibrate(model, [samples], options=CalibrationOptions(refine="weights", refine_samples=4))
+    assert plain.refinement is None and result.table.entries == plain.table.entries
+    assert result.refinement.layers == ["conv_3", "conv_13", "gemm_20"]
+    assert sorted(result.refinement.constants) == sorted(
+        ["conv_3_weight_bn", "conv_3_bias_bn", "w_11", "b_12", "fc_w_18", "fc_b_19"]
+    )
+    refined = apply_refinement(graph, result.refinement.constants)
+    assert not np.array_equal(refined.const("w_11"), graph.const("w_11"))
+    with pytest.raises(UserError, match="--refine 'adaround' is not one of"):
+        CalibrationOptions(refine="adaround")
