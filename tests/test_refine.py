@@ -179,3 +179,50 @@ def test_calibrate_refine_option(tmp_path) -> None:  # noqa: ANN001
     assert not np.array_equal(refined.const("w_11"), graph.const("w_11"))
     with pytest.raises(UserError, match="--refine 'adaround' is not one of"):
         CalibrationOptions(refine="adaround")
+
+
+def test_cli_refine_writes_a_side_file_that_build_applies(tmp_path) -> None:  # noqa: ANN001
+    """`npuc calibrate --refine weights -o T` writes T and T.refine.npz; `npuc build --calib T` builds the
+    refined constants (other int8 weights than the plain table gives), and without -o --refine exits 2."""
+    from npuc.compiler.cli import main as cli_main
+    from npuc.models.make_models import make_all
+    from npuc.passes.refinement import side_file
+
+    def main(argv: list[str]) -> int:
+        try:
+            cli_main(argv)
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        return 0
+
+    model = make_all(tmp_path, ["tinycnn"])["tinycnn"]
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    for i, feed in enumerate(_feeds(_graph("tinycnn"), 6)):
+        np.savez(samples / f"{i:02d}.npz", **feed)
+    plain, refined = tmp_path / "plain.txt", tmp_path / "refined.txt"
+    assert main(["calibrate", str(model), "--data", str(samples), "-o", str(plain)]) == 0
+    assert main(["calibrate", str(model), "--data", str(samples), "-o", str(refined), "--refine", "weights"]) == 0
+    assert not side_file(plain).exists() and side_file(refined).is_file()
+    assert plain.read_bytes() == refined.read_bytes()  # the table itself does not change
+    built = {}
+    for table in (plain, refined):
+        out = tmp_path / f"{table.stem}.cvimodel"
+        assert main(["build", str(model), "--target", "cv18xx", "--calib", str(table), "-o", str(out)]) == 0
+        built[table.stem] = out.read_bytes()
+    assert built["plain"] != built["refined"]
+    assert (
+        main(
+            [
+                "calibrate",
+                str(model),
+                "--data",
+                str(samples),
+                "--refine",
+                "weights",
+                "--save-stats",
+                str(tmp_path / "s"),
+            ]
+        )
+        == 2
+    )

@@ -16,6 +16,7 @@ from npuc.frontends.hbconfig import HbConfig, load_config
 from npuc.frontends.onnx import import_onnx, parse_input_shapes
 from npuc.passes.calitable import write_table
 from npuc.passes.canonicalize import canonicalize
+from npuc.passes.refinement import apply_refinement, load_refinement, side_file
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -160,6 +161,9 @@ def register(app: typer.Typer) -> None:
         if hb is not None:
             hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
             output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
+        if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: refitted weights
+            graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
+            notes.append(f"refined constants from {side_file(calib)}")
         out = output or Path(f"{model.stem}_{chosen.name}")
         request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
         result = chosen.build(request)

@@ -29,6 +29,7 @@ from npuc.passes.calibrate import CalibrationOptions, calibrate, merge_stats_fil
 from npuc.passes.calitable import CalibrationTable, write_table
 from npuc.passes.histogram import DEFAULT_BINS, load_stats, save_stats
 from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
+from npuc.passes.refinement import save_refinement, side_file
 from typer.core import TyperGroup
 
 DEFAULT_COMMAND = "run"
@@ -143,8 +144,19 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--bmnet", help="Also write BMNet's calibration table for bm1880 (.pb2 binary, else text)."),
         ] = None,
+        refine: Annotated[
+            str,
+            typer.Option(
+                "--refine",
+                help="Refit conv/FC constants to the table (bias | weights), written beside it as TABLE.refine.npz; "
+                "`build --calib TABLE` applies it.",
+            ),
+        ] = "",
+        refine_samples: Annotated[int, typer.Option("--refine-samples", help="Samples --refine uses.")] = 100,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
+        if refine and output is None:
+            raise UserError("--refine writes its file beside the table; give -o TABLE")
         if output is None and save_stats_path is None and bmnet is None:
             raise UserError("nothing to write; give -o TABLE, --bmnet TABLE and/or --save-stats FILE")
         if range_only and (save_stats_path is None or output is not None):
@@ -152,7 +164,10 @@ def register(app: typer.Typer) -> None:
         _check_output(output, "-o")
         _check_output(save_stats_path, "--save-stats")
         _check_output(bmnet, "--bmnet")
-        options = CalibrationOptions(method=method, percentile=percentile, batch=batch, bins=bins, tune=tune)
+        options = CalibrationOptions(
+            method=method, percentile=percentile, batch=batch, bins=bins, tune=tune, refine=refine,
+            refine_samples=refine_samples,
+        )  # fmt: skip
         pre = Preprocess(
             mean=parse_floats(mean, "--mean"),
             scale=parse_floats(scale, "--scale"),
@@ -186,6 +201,9 @@ def register(app: typer.Typer) -> None:
             save_stats(result.stats, save_stats_path)
         if output is not None and result.table is not None:
             write_table(result.table, output)
+            if result.refinement is not None:
+                save_refinement(side_file(output), result.refinement.constants)
+                _note(f"refined {len(result.refinement.constants)} constants: {side_file(output)}")
         if bmnet is not None and result.table is not None:
             _write_bmnet(model, result.table, parse_input_shapes(input_shape or []), bmnet)
         rate = result.samples / max(result.seconds, 1e-9)
