@@ -11,6 +11,7 @@ import time
 
 import pytest
 from golden import GOLDEN_ROOT
+from mutation import mutate
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gmem_refs
 from npuc.backends.bm1880.container import load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.inspect import describe_bmodel
@@ -28,23 +29,6 @@ def _containers() -> dict[str, bytes]:
         "0xFF55AAFF": write_bmodel(load_bmodel(det1), embed_weights=True),
         "json": (GOLDEN / "mtcnn_det1_1_3_12_12_json.bmodel").read_bytes(),
     }
-
-
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    """Truncation, bit flips or byte overwrites; half of them aimed at the first 600 bytes (headers)."""
-    buf = bytearray(data)
-    span = min(len(buf), 600) if rng.random() < 0.5 else len(buf)
-    kind = rng.randrange(3)
-    if kind == 0:
-        return bytes(buf[: rng.randrange(span)])
-    if kind == 1:
-        for _ in range(rng.randint(1, 4)):
-            pos = rng.randrange(span)
-            buf[pos] ^= 1 << rng.randrange(8)
-        return bytes(buf)
-    pos = rng.randrange(span)
-    buf[pos : pos + rng.randint(1, 8)] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-    return bytes(buf)
 
 
 def _exercise(data: bytes, original, deep: bool) -> str:
@@ -71,7 +55,7 @@ def test_mutations_parse_or_raise_corrupt(name):
     outcomes = {"parsed": 0, "rejected": 0}
     start = time.monotonic()
     for _ in range(MUTATIONS):
-        outcomes[_exercise(_mutate(data, rng), original, deep=name == "json")] += 1
+        outcomes[_exercise(mutate(data, rng, 600, 0.5), original, deep=name == "json")] += 1
     assert outcomes["parsed"] + outcomes["rejected"] == MUTATIONS
     assert outcomes["rejected"] > MUTATIONS // 10  # the header-aimed half must trip the validators
     assert time.monotonic() - start < 20

@@ -12,6 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from mutation import mutate
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import encode_cmdbuf, make_instruction
 from npuc.backends.bm1880.container import BModel, Command, TensorInfo, load_bmodel, read_bmodel, write_bmodel
@@ -219,22 +220,6 @@ def test_npuc_run_selects_the_shape(tmp_path, pnet):
 FUZZ_MUTATIONS = 3000
 
 
-def _mutate(data: bytes, rng: random.Random, hot: int) -> bytes:
-    buf = bytearray(data)
-    span = hot if rng.random() < 0.7 else len(buf)
-    kind = rng.randrange(3)
-    if kind == 0:
-        return bytes(buf[: rng.randrange(span)])
-    if kind == 1:
-        for _ in range(rng.randint(1, 4)):
-            pos = rng.randrange(span)
-            buf[pos] ^= 1 << rng.randrange(8)
-        return bytes(buf)
-    pos = rng.randrange(span)
-    buf[pos : pos + rng.randint(1, 8)] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-    return bytes(buf)
-
-
 def test_fuzz_run_parses_runs_or_rejects(pnet, tmp_path):
     # the 12x12 command alone: its protobuf header and cmdbuf are the first ~4 KB, the weights follow
     single = write_bmodel(BModel("PNet", 1880, 4, (pnet.commands[0],), pnet.weights))
@@ -244,7 +229,7 @@ def test_fuzz_run_parses_runs_or_rejects(pnet, tmp_path):
     outcomes = {"ran": 0, "rejected": 0}
     start = time.monotonic()
     for _ in range(FUZZ_MUTATIONS):
-        data = _mutate(single, rng, hot)
+        data = mutate(single, rng, hot, 0.7)
         try:
             run_bmodel(read_bmodel(data, "fuzz.bmodel"), feed)
             outcomes["ran"] += 1
@@ -257,7 +242,7 @@ def test_fuzz_run_parses_runs_or_rejects(pnet, tmp_path):
     codes = set()
     for index in range(40):
         path = tmp_path / f"m{index}.bmodel"
-        path.write_bytes(_mutate(single, rng, hot))
+        path.write_bytes(mutate(single, rng, hot, 0.7))
         with pytest.raises(SystemExit) as exit_info:
             main(["run", str(path), "--input", str(tmp_path / "in.npz")])
         codes.add(exit_info.value.code or 0)
