@@ -22,10 +22,7 @@ CHIP = CHIPS["cv183x"]
 
 
 def _waits(records: list) -> list[tuple[str, int, int]]:
-    return [
-        ("TIU", f["cmd_id_tpu"], f["cmd_id_gdma"]) if e == isa.ENGINE_TIU else ("TDMA", f["cmd_id"], f["wait_id_tpu"])
-        for e, f in records
-    ]
+    return [("TIU" if e == isa.ENGINE_TIU else "TDMA", *sync.sync_ids(e, f)) for e, f in records]
 
 
 def _two_tiles(sync_mode: str = "parallel") -> CmdStream:
@@ -95,21 +92,9 @@ def test_race_check_accepts_our_ids_and_catches_a_missing_wait() -> None:
     assert check_cmdbuf(_recording(_machine()), data, 0) == []
     # drop the first TIU's wait: it may now read A before TDMA 1 has filled it
     stream.records[1][1]["cmd_id_gdma"] = 0
-    broken = b"".join(_encode(stream))
+    broken = stream.encode()
     (race,) = check_cmdbuf(_recording(_machine()), broken, 0)
     assert (race.engine, race.seq, race.other, race.other_seq, race.kind) == ("TIU", 1, "TDMA", 1, "read after write")
-
-
-def _encode(stream: CmdStream) -> list[bytes]:
-    """The stream's bytes with its ids as they stand (to_bytes would reassign them)."""
-    hdr, tdma = isa.cmd_hdr_table(), isa.tdma_table()
-    from npuc.backends.cv18xx.emit import encode_tiu
-
-    parts = []
-    for engine, f in stream.records:
-        body = encode_tiu(CHIP, f) if engine == isa.ENGINE_TIU else isa.encode(tdma, f)
-        parts += [isa.encode(hdr, {"magic": CHIP.cmd_magic, "len": len(body), "engine_id": engine}), body]
-    return parts
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.cvimodel")), ids=lambda p: p.stem)
@@ -123,8 +108,7 @@ def test_tpu_mlir_streams_overlap_and_have_no_race(path) -> None:
         latest = {isa.ENGINE_TIU: 0, isa.ENGINE_TDMA: 0}
         for ins in split_cmdbuf(data, chip, path.name):
             tiu_op = ins.engine == isa.ENGINE_TIU
-            own, wait = (ins.fields["cmd_id_tpu"], ins.fields["cmd_id_gdma"]) if tiu_op else (
-                ins.fields["cmd_id"], ins.fields["wait_id_tpu"])  # fmt: skip
+            own, wait = sync.sync_ids(ins.engine, ins.fields)
             relaxed += wait < latest[isa.ENGINE_TDMA if tiu_op else isa.ENGINE_TIU]
             latest[ins.engine] = own
     assert relaxed >= 10

@@ -80,8 +80,13 @@ class CmdStream:
         return {"tiu": tiu, "tdma": len(self.records) - tiu}
 
     def to_bytes(self) -> bytes:
-        hdr_table, tdma_table = isa.cmd_hdr_table(), isa.tdma_table()
+        """The cmdbuf, with the sync ids assigned in `self.sync` mode."""
         assign_sync(self.records, self.chip, self.sync)
+        return self.encode()
+
+    def encode(self) -> bytes:
+        """The cmdbuf with the ids the records carry now."""
+        hdr_table, tdma_table = isa.cmd_hdr_table(), isa.tdma_table()
         parts = []
         for engine, f in self.records:
             body = encode_tiu(self.chip, f) if engine == isa.ENGINE_TIU else isa.encode(tdma_table, f)

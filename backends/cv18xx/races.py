@@ -18,7 +18,7 @@ from npuc.backends.cv18xx.cmdbuf import split_cmdbuf
 from npuc.backends.cv18xx.container import CviModel
 from npuc.backends.cv18xx.sim import Machine, load_program, run_routines
 from npuc.backends.cv18xx.sim_mem import FORMATS, LocalMemory
-from npuc.backends.cv18xx.sync import MAX_ID
+from npuc.backends.cv18xx.sync import MAX_ID, sync_ids
 
 _OTHER = {isa.ENGINE_TIU: isa.ENGINE_TDMA, isa.ENGINE_TDMA: isa.ENGINE_TIU}
 _NAME = {isa.ENGINE_TIU: "TIU", isa.ENGINE_TDMA: "TDMA"}
@@ -88,10 +88,6 @@ class _Ledger:
         self.wrote[engine][writes] = seq
 
 
-def _ids(engine: int, f: dict[str, int]) -> tuple[int, int]:
-    return (f["cmd_id_tpu"], f["cmd_id_gdma"]) if engine == isa.ENGINE_TIU else (f["cmd_id"], f["wait_id_tpu"])
-
-
 def check_cmdbuf(machine: Machine, data: bytes, routine: int) -> list[Race]:
     """Run one cmdbuf on `machine` (whose local memory records accesses) and list its races."""
     lmem = machine.lmem
@@ -106,7 +102,7 @@ def check_cmdbuf(machine: Machine, data: bytes, routine: int) -> list[Race]:
             continue
         engine, other = ins.engine, _OTHER[ins.engine]
         seq[engine] += 1
-        own_id, wait_id = _ids(engine, ins.fields)
+        own_id, wait_id = sync_ids(engine, ins.fields)
         if wait_id:
             known[engine] = max(known[engine], base[other] + wait_id)
         lmem.start()

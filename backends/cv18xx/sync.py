@@ -29,6 +29,14 @@ GRANULE = 16  # dependency tracking resolution in bytes (conservative: spans are
 SYNC_MODES = ("parallel", "serial")
 
 Span = tuple[int, int]
+# Per engine: the field holding a descriptor's own id and the field holding the other engine's id it waits for.
+ID_FIELDS = {isa.ENGINE_TIU: ("cmd_id_tpu", "cmd_id_gdma"), isa.ENGINE_TDMA: ("cmd_id", "wait_id_tpu")}
+
+
+def sync_ids(engine: int, fields: Mapping[str, int]) -> tuple[int, int]:
+    """(own id, awaited id of the other engine) of a TIU or TDMA descriptor."""
+    own, wait = ID_FIELDS[engine]
+    return fields[own], fields[wait]
 
 
 @dataclass
@@ -253,9 +261,7 @@ def assign_sync(records: list[tuple[int, dict[str, int]]], chip: ChipSpec, mode:
         wait[engine] = max(wait[engine], need)
         own_id = (seq[engine] - 1) % MAX_ID + 1
         wait_id = 0 if wait[engine] <= barrier[other] else (wait[engine] - 1) % MAX_ID + 1
-        if engine == isa.ENGINE_TIU:
-            f["cmd_id_tpu"], f["cmd_id_gdma"] = own_id, wait_id
-        else:
-            f["cmd_id"], f["wait_id_tpu"] = own_id, wait_id
+        own_field, wait_field = ID_FIELDS[engine]
+        f[own_field], f[wait_field] = own_id, wait_id
         if own_id == MAX_ID:  # the runtime's segment barrier: everything issued so far completes
             barrier = dict(seq)

@@ -17,7 +17,7 @@ from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import CviModel
 from npuc.backends.cv18xx.sim_tiu import normalize_tiu_fields
-from npuc.backends.cv18xx.sync import MAX_ID
+from npuc.backends.cv18xx.sync import MAX_ID, sync_ids
 from npuc.backends.cv18xx.traffic import descriptor_transfers
 
 TDMA_BYTES_PER_CYCLE = 16
@@ -75,15 +75,16 @@ def schedule_cmdbuf(data: bytes, chip: ChipSpec, weight: bytes, section: str) ->
     sched = Schedule()
     for ins in split_cmdbuf(data, chip, f"section {section!r}"):
         if ins.engine == tiu:
-            other, own_id, wait_id = tdma, ins.fields["cmd_id_tpu"], ins.fields["cmd_id_gdma"]
+            other = tdma
             cost = tiu_cycles(ins.fields, chip)
             sched.tiu_busy += cost
         elif ins.engine == tdma:
-            other, own_id, wait_id = tiu, ins.fields["cmd_id"], ins.fields["wait_id_tpu"]
+            other = tiu
             cost = tdma_cycles(ins.fields, chip, weight, section, ins.offset)
             sched.tdma_busy += cost
         else:
             continue
+        own_id, wait_id = sync_ids(ins.engine, ins.fields)
         awaited = base[other] + wait_id if wait_id else 0
         ready = finish[other][min(awaited, len(finish[other]) - 1)]
         start = max(finish[ins.engine][-1], ready)
