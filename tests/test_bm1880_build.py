@@ -13,6 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine, softmax
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.calibration import new_calibration, save_calibration
@@ -33,16 +34,6 @@ GOLDEN = GOLDEN_ROOT / "bm1880"
 ROOT = Path(__file__).resolve().parents[1]
 VENDOR_PNET = GOLDEN / "mtcnn_pnet_multishape.bmodel"
 OPTS = ("none", "layer-group", "layer-group-weight")
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - x.max(axis, keepdims=True))
-    return e / e.sum(axis, keepdims=True)
 
 
 def _cli(*args: str) -> int:
@@ -128,7 +119,7 @@ def test_lenet_run_gives_the_reference_class(lenet_bmodel, lenet_no_elu, tmp_pat
     assert int(np.argmax(got)) == int(np.argmax(ref)) == 5
     logits = ort.InferenceSession(str(lenet_no_elu)).run(None, {"data_0": x})[0].ravel()
     # this input reaches |x| = 3.5 while the table's data threshold is 0.997: 8% of it saturates in int8
-    assert _cos(got, logits) > 0.95  # measured 0.9596
+    assert cosine(got, logits) > 0.95  # measured 0.9596
 
 
 def test_lenet_conv1_pool1_bit_exact_against_an_integer_reference(lenet_no_elu):
@@ -291,10 +282,10 @@ def test_pnet_matches_the_vendor_bmodel(pnet_bmodel, vendor_pnet, pnet_onnx, sha
     vendor = run_bmodel(vendor_pnet, {"input": x})
     box, face = ours["convolution_output"], ours["convolution_output1"]
     assert box.shape == vendor["conv4-2"].shape and face.shape == vendor["conv4-1"].shape
-    assert _cos(box, vendor["conv4-2"]) >= 0.99  # measured 0.9972 (12x12), 0.9961 (36x48)
-    assert _cos(_softmax(face, 1), _softmax(vendor["conv4-1"], 1)) >= 0.99  # measured 1.0000, 0.9993
+    assert cosine(box, vendor["conv4-2"]) >= 0.99  # measured 0.9972 (12x12), 0.9961 (36x48)
+    assert cosine(softmax(face, 1), softmax(vendor["conv4-1"], 1)) >= 0.99  # measured 1.0000, 0.9993
     ref_box, ref_prob = ort.InferenceSession(str(pnet_onnx)).run(None, {"input_1": onnx_in})
-    assert _cos(box, ref_box.transpose(0, 3, 1, 2)) >= 0.99
+    assert cosine(box, ref_box.transpose(0, 3, 1, 2)) >= 0.99
 
 
 def test_pnet_multishape_round_trip(pnet_bmodel):
@@ -327,15 +318,15 @@ def test_pnet_with_npuc_calibration(pnet_onnx, vendor_pnet, tmp_path):
     onnx_in, x = _pnet_feeds((1, 3, 36, 48))
     ours = run_bmodel(load_bmodel(out), {"input": x})
     box, prob = ort.InferenceSession(str(pnet_onnx)).run(None, {"input_1": onnx_in})
-    assert _cos(ours["convolution_output"], box.transpose(0, 3, 1, 2)) >= 0.99  # measured 0.9947
-    assert _cos(_softmax(ours["convolution_output1"], 1), prob.transpose(0, 3, 1, 2)) >= 0.99  # 0.9989
+    assert cosine(ours["convolution_output"], box.transpose(0, 3, 1, 2)) >= 0.99  # measured 0.9947
+    assert cosine(softmax(ours["convolution_output1"], 1), prob.transpose(0, 3, 1, 2)) >= 0.99  # 0.9989
     vendor = run_bmodel(vendor_pnet, {"input": x})
     # measured 0.9878 (the goal 0.99 is met with the vendor's own thresholds: 0.9961). BMNet's calibration
     # (ONNC's KL: 2048 bins, zeros kept in bin 0) gives npuc's KL thresholds here (P-Net has no exact zeros);
     # max/percentile/mse give 0.9866/0.9839/0.9815. The vendor's thresholds are 1.0-2.1x npuc's, above the
     # max-abs of these images (conv1 13.78 vs 9.59): other calibration data. Both bmodels are close to float
     # (box cosine: npuc 0.9947, vendor 0.9912), so they differ from each other more than from float.
-    assert _cos(ours["convolution_output"], vendor["conv4-2"]) >= 0.98
+    assert cosine(ours["convolution_output"], vendor["conv4-2"]) >= 0.98
 
 
 def test_pnet_opt_levels_agree_on_a_large_shape(pnet_onnx, pnet_vendor_table):
@@ -389,7 +380,7 @@ def test_op_family_matches_onnxruntime(family_paths, name):
         np.testing.assert_array_equal(out, outs["none"])
     sess = ort.InferenceSession(str(family_paths[name]))
     ref = sess.run(None, {sess.get_inputs()[0].name: feeds[0][inp]})[0]
-    assert _cos(outs["none"], ref) >= 0.999  # measured 0.9996 .. 0.99996
+    assert cosine(outs["none"], ref) >= 0.999  # measured 0.9996 .. 0.99996
 
 
 @pytest.mark.parametrize("name, node", [("act_sigmoid", "sigmoid_4"), ("eltwise_sub", "sub_7")])

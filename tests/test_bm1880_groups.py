@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from metrics import cosine
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.calibration import new_calibration, save_calibration
@@ -27,11 +28,6 @@ from npuc.passes.calibrate import max_abs_thresholds
 from npuc.passes.canonicalize import canonicalize
 
 OPTS = ("none", "layer-group", "layer-group-weight")
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 def _cli(*args: object) -> int:
@@ -111,7 +107,7 @@ def test_residual_blocks_join_one_group(resnet):
     assert stats["layer-group-weight"].ddr_bytes < stats["none"].ddr_bytes // 3
     assert stats["layer-group-weight"].neuron_size == 3 * 40 * 32 + 24 * 10 * 8  # only the input and the output
     ref = ort.InferenceSession(str(path)).run(None, {"input": x})[0]
-    assert _cos(outs["none"], ref) >= 0.999  # measured 0.9997
+    assert cosine(outs["none"], ref) >= 0.999  # measured 0.9997
     again = [write_bmodel(compile_bmodel([_graph(path, x.shape)], table, None, "layer-group", "res")[0]) for _ in "ab"]
     assert again[0] == again[1]  # deterministic bytes
 
@@ -142,7 +138,7 @@ def test_batch_two_with_row_tiles_from_the_cli(tall, tmp_path):
     for i in range(2):  # each item of the batch-2 command equals the batch-1 command on that item, exactly
         np.testing.assert_array_equal(got[i : i + 1], run_bmodel(model, {"input": x[i : i + 1]})["output"])
     ref = ort.InferenceSession(str(path)).run(None, {"input": x[:1]})[0]
-    assert _cos(got[:1], ref) >= 0.999  # measured 0.9996
+    assert cosine(got[:1], ref) >= 0.999  # measured 0.9996
     # the group is computed in row tiles: loads of a few input rows, one item at a time
     loads = [i.fields for i in decode_cmdbuf(model.commands[0].cmdbuf) if i.engine == isa.ENGINE_GDMA]
     rows = {f["src_h"] for f in loads if f["direction"] == 0 and f["src_c"] == 3}

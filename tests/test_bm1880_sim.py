@@ -12,6 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine, softmax
 from mutation import mutate
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import encode_cmdbuf, make_instruction
@@ -23,16 +24,6 @@ from onnx import numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 PNET = GOLDEN / "mtcnn_pnet_multishape.bmodel"
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - x.max(axis, keepdims=True))
-    return e / e.sum(axis, keepdims=True)
 
 
 def _face_tensor(rows: int, cols: int) -> np.ndarray:
@@ -78,9 +69,9 @@ def test_vendor_pnet_matches_float_onnx_on_a_face(pnet, pnet_onnx, shape):
     out = run_bmodel(pnet, {"input": np.ascontiguousarray(onnx_in.transpose(0, 3, 1, 2))})
     command = pnet.command_for_shape(shape)
     assert {k: v.shape for k, v in out.items()} == {t.name: t.shape for t in command.outputs}
-    assert _cos(out["conv4-2"], box.transpose(0, 3, 1, 2)) >= 0.98
-    face = _softmax(out["conv4-1"], 1)
-    assert _cos(face, prob.transpose(0, 3, 1, 2)) >= 0.99
+    assert cosine(out["conv4-2"], box.transpose(0, 3, 1, 2)) >= 0.98
+    face = softmax(out["conv4-1"], 1)
+    assert cosine(face, prob.transpose(0, 3, 1, 2)) >= 0.99
     if shape == (1, 3, 12, 12):  # one window: 0.103 vs 0.169 measured (~10 steps of the logits' int8 grid)
         assert abs(face[0, 1, 0, 0] - prob[0, 0, 0, 1]) < 0.08
 

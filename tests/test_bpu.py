@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 from npuc.backends.bpu import artifact as bpu_artifact
 from npuc.backends.bpu.contract import (
     Contract,
@@ -427,16 +428,11 @@ def test_featuremap_model_is_npuc_int8_bit_for_bit(tmp_path, capsys):
         step = np.float32(np.ravel(qgraph.tensors[final.inputs[0]].quant.scale)[0])
         np.testing.assert_array_equal(exact, codes.astype(np.float32) * step)
         assert scale is None or scale == step
-        assert _cosine(plain, ref["output"]) >= 0.9999 and _cosine(exact, ref["output"]) >= 0.99999
+        assert cosine(plain, ref["output"]) >= 0.9999 and cosine(exact, ref["output"]) >= 0.99999
     with pytest.raises(SystemExit) as info:
         main(["build", str(GOLDEN / "smallcnn.onnx"), "-t", "bpu", "--calib", str(table), "-o", str(tmp_path / "x"),
               "--option", "qdq_form=fast"])  # fmt: skip
     assert info.value.code == 2 and "--option qdq_form=fast: use one of exact, plain" in capsys.readouterr().err
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def test_nv12_model_is_npuc_int8_bit_for_bit(pplcnet_build, real_model):

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from metrics import cosine
 from npuc.backends.dmp.artifact import load_network
 from npuc.backends.dmp.codegen import INCLUDE_DIR
 from npuc.backends.dmp.layers import kernel_wh
@@ -81,11 +82,6 @@ def _assert_formula_sizes(net) -> int:
     return checked
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
 @pytest.mark.parametrize("name,tensors,cos16,cos8", CASES, ids=[c[0] for c in CASES])
 def test_real_model_accuracy(real_model, tmp_path: Path, name: str, tensors: list[str], cos16: float, cos8: float):
     path = real_model(name)
@@ -102,7 +98,7 @@ def test_real_model_accuracy(real_model, tmp_path: Path, name: str, tensors: lis
             outs = kind.run(out_dir, feed, ArtifactOptions())
             for t in tensors + [o for o in g.outputs if o not in tensors]:
                 assert outs[t].shape == ref[t].shape
-                assert _cos(outs[t], ref[t]) >= threshold, (quant, t, _cos(outs[t], ref[t]))
+                assert cosine(outs[t], ref[t]) >= threshold, (quant, t, cosine(outs[t], ref[t]))
 
 
 def test_generated_cpp_compiles_and_is_deterministic(real_model, tmp_path: Path) -> None:
@@ -226,6 +222,6 @@ def test_cli_build_run_inspect(real_model, tmp_path: Path, capsys) -> None:
     got = np.load(tmp_path / "y.npz")
     assert sorted(got.files) == sorted(ref)
     for name in ref:
-        assert _cos(got[name], ref[name]) >= 0.999, name
+        assert cosine(got[name], ref[name]) >= 0.999, name
     text = capsys.readouterr().out
     assert "DMP DV700 network CPNet" in text and "LT_CONV" in text

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
@@ -49,11 +50,6 @@ def build(model: Path, out: Path, options: dict | None = None, shapes: dict | No
     canonicalize(graph)
     build_tree(BuildRequest(graph=graph, model_path=model, output=out, options=options or {}))
     return out
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 # ---- single input ------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.sim import FP16_KERNELS, load_resolution
 from npuc.compiler import interp
@@ -20,11 +21,6 @@ from npuc.models.images import model_inputs
 from npuc.passes.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def build(model: Path, out: Path, options: dict | None = None, shapes: dict | None = None) -> Path:

@@ -14,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 from npuc.backends.bm1880.build import build as build_bmodel
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
@@ -53,11 +54,6 @@ from npuc.passes.quantize import ThresholdMap, quantize
 from onnx import TensorProto, helper, numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def cli(args: list[str]) -> None:

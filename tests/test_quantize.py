@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
@@ -26,11 +27,6 @@ from npuc.passes.quantize import ThresholdMap, int8_params, quantize, thresholds
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 REGION_MASK = (1 << 40) - 1
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 @pytest.fixture(scope="module")

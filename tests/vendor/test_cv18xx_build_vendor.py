@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
@@ -26,11 +27,6 @@ GOLDEN = GOLDEN_ROOT / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"
 TABLE = GOLDEN / "smallcnn_cali_table.txt"
 BUILDS = [(c, "int8") for c in ("cv183x", "cv182x", "cv181x", "cv180x")] + [("cv183x", "bf16"), ("cv181x", "bf16")]
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 BUILD_SUMMARIES: dict[Path, dict] = {}  # path -> the summary its build returned
