@@ -92,6 +92,12 @@ def pad_conv(b: NetBuilder) -> onnx.ModelProto:
     return _single(b, b.conv(b.op("Pad", "input", pads, value, mode="constant"), 8, 8, pads=(0, 0, 0, 0)))
 
 
+def nhwc_input(b: NetBuilder) -> onnx.ModelProto:
+    # TensorFlow exports feed NHWC and transpose first; the transpose becomes the input's layout.
+    x = b.op("Transpose", "input", perm=[0, 3, 1, 2])
+    return _single(b, b.op("Relu", b.conv(x, 8, 8)), (1, 16, 16, 8))
+
+
 def _conv_then(**conv_args: object) -> Builder:
     def build(b: NetBuilder) -> onnx.ModelProto:
         return _single(b, b.conv("input", **conv_args))  # type: ignore[arg-type]
@@ -228,6 +234,7 @@ MODELS: dict[str, Builder] = {
     "conv_rect": conv_rect,
     "conv_transpose": conv_transpose,
     "pad_conv": pad_conv,
+    "nhwc_input": nhwc_input,
     "conv_bn_relu": lambda b: _single(b, b.op("Relu", b.batchnorm(b.conv("input", 8, 16), 16))),
     "pool_max": _pool("MaxPool", kernel_shape=[2, 2], strides=[2, 2]),
     "pool_max_3x3_s2": _pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),

@@ -103,20 +103,30 @@ def _softmax_tail(qgraph: Graph) -> list[Op]:
 
 
 def _nhwc_inputs(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op]) -> None:
-    """Inputs fed NHWC (an absorbed input transpose): the CPU routine quantizes them as fed and the TPU
-    routine starts with the NHWC -> NCHW transpose."""
-    for op in cpu_ops:
-        src = op.inputs[0]
-        if qgraph.input_layouts.get(src, "nchw") != "nhwc":
+    """Inputs fed NHWC (an absorbed input transpose) enter the TPU as fed and are transposed to NCHW there,
+    right after the step that makes them TPU data: the CPU quant routine's output (int8), the TPU's bf16
+    conversion (bf16), or the int8 input itself (--quant-input)."""
+    for src, layout in qgraph.input_layouts.items():
+        if layout != "nhwc":
             continue
         n, c, h, w = qgraph.shape(src)
-        quant = qgraph.tensors[op.outputs[0]].quant
         qgraph.tensors[src].shape = (n, h, w, c)
-        mid = qgraph.unique_name(f"{op.outputs[0]}_nhwc")
-        qgraph.add_tensor(mid, (n, h, w, c), "int8").quant = quant
-        attrs = with_quant(ops.Transpose((0, 3, 1, 2)), OpQuant("int8", (quant,), quant))
-        tpu_ops.insert(0, Op(f"{mid}_to_nchw", "transpose", [mid], [op.outputs[0]], attrs))
-        op.outputs = [mid]
+        entry = next((op for op in cpu_ops + tpu_ops if op.kind == "cast" and op.inputs[0] == src), None)
+        if entry is None:  # the int8 input is read by the TPU ops themselves
+            nchw = qgraph.unique_name(f"{src}_nchw")
+            qgraph.add_tensor(nchw, (n, c, h, w), "int8").quant = qgraph.tensors[src].quant
+            _rename(qgraph, src, nchw)
+            fed, made, at = src, nchw, 0
+        else:
+            made = entry.outputs[0]
+            fed = qgraph.unique_name(f"{made}_nhwc")
+            qgraph.add_tensor(fed, (n, h, w, c), qgraph.tensors[made].dtype).quant = qgraph.tensors[made].quant
+            entry.outputs = [fed]
+            at = tpu_ops.index(entry) + 1 if entry in tpu_ops else 0
+        quant = qgraph.tensors[made].quant
+        mode = "bf16" if quant.scheme == "bf16" else "int8"
+        attrs = with_quant(ops.Transpose((0, 3, 1, 2)), OpQuant(mode, (quant,), quant))
+        tpu_ops.insert(at, Op(f"{fed}_to_nchw", "transpose", [fed], [made], attrs))
 
 
 def _rename(graph: Graph, old: str, new: str) -> None:
@@ -202,10 +212,7 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     )
     tail_ops = _softmax_tail(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
-    if any(layout == "nhwc" for layout in qgraph.input_layouts.values()):
-        if opts.get("quant_input") or quant != "int8":
-            raise UserError("an NHWC model input is supported with a float32 input and --quant int8 only")
-        _nhwc_inputs(qgraph, cpu_ops, tpu_ops)
+    _nhwc_inputs(qgraph, cpu_ops, tpu_ops)
     tpu_outputs = [op.inputs[0] if op.outputs[0] in outputs else None for op in tail_ops]
     tpu_outputs = [o for o in outputs if o not in {op.outputs[0] for op in tail_ops}] + [
         t for t in tpu_outputs if t is not None
