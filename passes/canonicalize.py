@@ -22,6 +22,7 @@ REWRITES: dict[str, Rewrite] = {}
 PIPELINE = (
     "fold_constants",
     "absorb_nhwc_input_transpose",
+    "merge_transpose_axes",
     "drop_noop_reshape",
     "recognize_gelu",
     "recognize_hard_sigmoid",
@@ -159,6 +160,66 @@ def drop_noop_reshape(graph: Graph) -> int:
             graph.remove_op(inner)
             producers = graph.producers()
             fired += 1
+    return fired
+
+
+def merged_transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The same permutation over fewer axes: size-1 axes dropped, axes that stay adjacent and in order merged.
+
+    Returns (merged input shape, merged perm); e.g. [1,2,4,16,16] perm [0,2,1,3,4] -> [2,4,256] perm [1,0,2].
+    """
+    kept = [p for p in perm if shape[p] != 1]
+    runs: list[list[int]] = []
+    for p in kept:
+        if runs and p > runs[-1][-1] and all(shape[q] == 1 for q in range(runs[-1][-1] + 1, p)):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    order = sorted(range(len(runs)), key=lambda i: runs[i][0])  # runs in input order
+    merged_shape = tuple(int(np.prod([shape[p] for p in runs[i]])) for i in order)
+    rank_of = {run: rank for rank, run in enumerate(order)}
+    return merged_shape, tuple(rank_of[i] for i in range(len(runs)))
+
+
+@rewrite("merge_transpose_axes")
+def merge_transpose_axes(graph: Graph) -> int:
+    """A transpose of more than 4 axes that is one over at most 4 merged axes (ShuffleNet's channel shuffle)
+    becomes reshape -> 4-D transpose -> reshape, which every backend's 4-D kernels handle. A neighbouring
+    reshape used only by the transpose takes the merged shape itself, so calibrated tensor names survive."""
+    fired = 0
+    for op in graph.iter_ops("transpose"):
+        src, out = op.inputs[0], op.outputs[0]
+        perm = tuple(op.attrs.perm)
+        if len(perm) <= 4:
+            continue
+        merged, merged_perm = merged_transpose(graph.shape(src), perm)
+        if len(merged) > 4:
+            continue
+        pad = 4 - len(merged)  # leading unit axes keep the NCHW-style rank the backends expect
+        merged = (1,) * pad + merged
+        merged_perm = tuple(range(pad)) + tuple(p + pad for p in merged_perm)
+        merged_out = tuple(merged[p] for p in merged_perm)
+        index = graph.ops.index(op)
+        producer = graph.producers().get(src)
+        if producer is not None and producer.kind == "reshape" and _sole_user(graph, src) is op:
+            producer.attrs = ops.Reshape(merged)
+            graph.tensors[src].shape = merged
+        else:
+            flat_in = graph.unique_name(f"{out}_merged_in")
+            graph.add_tensor(flat_in, merged, graph.tensors[src].dtype)
+            graph.ops.insert(index, Op(f"{op.name}_merge", "reshape", [src], [flat_in], ops.Reshape(merged)))
+            op.inputs = [flat_in]
+        user = _sole_user(graph, out)
+        if user is not None and user.kind == "reshape":
+            graph.tensors[out].shape = merged_out
+        else:
+            flat_out = graph.unique_name(f"{out}_merged")
+            graph.add_tensor(flat_out, merged_out, graph.tensors[out].dtype)
+            split = Op(f"{op.name}_split", "reshape", [flat_out], [out], ops.Reshape(graph.shape(out)))
+            graph.ops.insert(graph.ops.index(op) + 1, split)
+            op.outputs = [flat_out]
+        op.attrs = ops.Transpose(merged_perm)
+        fired += 1
     return fired
 
 

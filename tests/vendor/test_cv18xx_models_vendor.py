@@ -31,7 +31,7 @@ FAMILIES = [
     "pool_max", "pool_max_3x3_s2", "pool_avg", "pool_avg_3x3_pad", "pool_global_avg",
     "eltwise_add", "eltwise_sub", "eltwise_mul", "eltwise_div_const", "eltwise_broadcast",
     "act_relu", "act_relu6", "act_prelu",
-    "gemm", "matmul_dense", "matmul_3d", "concat", "tinycnn",
+    "gemm", "matmul_dense", "matmul_3d", "concat", "tinycnn", "reshape_transpose",
 ]  # fmt: skip
 FLOAT_OUTPUT_FAMILIES = ["resize_nearest", "upsample_nearest"]  # int8 data movement, fp32 outputs
 
