@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op, QuantParams
+from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
 from npuc.compiler.kernels.quantized.bf16_act import bf16_constant
 from npuc.compiler.kernels.quantized.params import OpQuant
 from npuc.passes.fixedpoint import round_to_bf16
@@ -354,10 +355,15 @@ def _bf16_pool(e: ExactBuilder, op: Op, ins: list[str]) -> None:
     factor = round_to_bf16(np.float32(1.0) / np.float32(count))
     y = e.bf16(e.b.node("Mul", [total, e.c("avg_factor", np.float32(factor))]))
     act = getattr(op.attrs, "act", None) if op.kind == "pool2d" else None
+    # an average that excludes the padding: each output times bf16(kh*kw/count), rounded again
+    excluded = pad_exclusion_factors(op, shape[2:], e.g.shape(op.outputs[0])[2:]) if op.kind == "pool2d" else None
+    out = op.outputs[0] if excluded is None else e.b.fresh(f"{op.outputs[0]}_kk_avg")
     if act is None:
-        e.b.node("Identity", [y], op.outputs[0])
+        e.b.node("Identity", [y], out)
     else:
-        e.bf16(activation(e.b, y, e.b.fresh(f"{op.outputs[0]}_act"), act), op.outputs[0])
+        e.bf16(activation(e.b, y, e.b.fresh(f"{op.outputs[0]}_act"), act), out)
+    if excluded is not None:
+        e.bf16(e.b.node("Mul", [out, e.c("pad_exclusion", excluded[None, None])]), op.outputs[0])
 
 
 def _with_bf16_constants(op: Op) -> Op:

@@ -81,7 +81,8 @@ def _split_edges(qgraph: Graph, quant_input: bool, quant_output: bool) -> tuple[
 
 def _softmax_tail(qgraph: Graph) -> list[Op]:
     """Softmax ops that end the model run on the CPU in fp32 (the runtime's built-in `softmax`, as tpu-mlir
-    does): the TPU dequantizes their input to fp32, the CPU routine writes the model output."""
+    does): the TPU dequantizes their input to fp32 (a bf16 input gets a bf16 -> fp32 cast of its own), the CPU
+    routine writes the model output."""
     producers = qgraph.producers()
     tail = []
     for op in list(qgraph.ops):
@@ -90,8 +91,12 @@ def _softmax_tail(qgraph: Graph) -> list[Op]:
         users = [u for u in qgraph.ops if op.outputs[0] in u.inputs]
         dequant = users[0] if len(users) == 1 and users[0].kind == "cast" else None
         feeder = producers.get(op.inputs[0])
-        if dequant is None or dequant.outputs[0] not in qgraph.outputs or feeder is None or feeder.kind != "cast":
+        if dequant is None or dequant.outputs[0] not in qgraph.outputs or feeder is None:
             continue
+        if feeder.kind != "cast":
+            if _fmt_of(qgraph, op.inputs[0]) != "bf16":
+                continue
+            feeder = _bf16_to_fp32_cast(qgraph, op)
         fed = qgraph.tensors[feeder.outputs[0]]
         fed.dtype, fed.quant = "float32", None
         feeder.attrs.quant.output = None
@@ -100,6 +105,18 @@ def _softmax_tail(qgraph: Graph) -> list[Op]:
         op.outputs = [dequant.outputs[0]]
         tail.append(op)
     return tail
+
+
+def _bf16_to_fp32_cast(qgraph: Graph, softmax: Op) -> Op:
+    """A cast inserted before `softmax` that writes its bf16 input as fp32 words for the CPU routine."""
+    src = softmax.inputs[0]
+    out = qgraph.unique_name(f"{src}_f32")
+    src_quant = qgraph.tensors[src].quant
+    qgraph.add_tensor(out, qgraph.shape(src), "float32").quant = src_quant
+    cast = Op(out, "cast", [src], [out], with_quant(ops.Cast("float32"), OpQuant("cast", (src_quant,), src_quant)))
+    qgraph.ops.insert(qgraph.ops.index(softmax), cast)
+    softmax.inputs = [out]
+    return cast
 
 
 def _nhwc_inputs(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op]) -> None:
@@ -236,6 +253,7 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
         "shared_gmem": cg.plan.shared_size,
         "private_gmem": cg.plan.private_size,
         "layer_groups": sum(isinstance(u, LayerGroup) for u in units),
+        "grouped_ops": sum(len(u.ops) for u in units if isinstance(u, LayerGroup)),
         "group_tiles": sum(len(list(u.tiles(qgraph))) for u in units if isinstance(u, LayerGroup)),
         **cg.stream.counts(),
     }

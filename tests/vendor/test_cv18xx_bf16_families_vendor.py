@@ -7,6 +7,9 @@
 - Hard-sigmoid, hard-swish, LeakyReLU and PReLU are TIU arithmetic (compiler/kernels/quantized/bf16_act.py):
   a lone activation fed every bf16 value in (-300, 300) equals the vendor and the reference bit for bit.
 - The bf16 quantize rule splits off fused activations a bf16 op cannot apply (LeakyReLU, ReLU6).
+- Average pooling that excludes the padding (ONNX's default) rescales the output blocks whose windows reach
+  into the padding by bf16(kh·kw/count), across row tiles and with strides, asymmetric pads and ceil_mode.
+- A softmax that ends a bf16 model runs in the runtime's CPU `softmax` routine on the bf16 logits as fp32.
 
 - A bf16 convolution sums its products in float32 rounding toward zero, kernel position by position with the
   input channels innermost, the bias last (compiler/kernels/quantized/bf16_conv.py): npuc's reference equals
@@ -28,7 +31,7 @@ from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.isa import ENGINE_TIU
-from npuc.backends.cv18xx.sim import run_cvimodel
+from npuc.backends.cv18xx.sim import cpu_softmax, run_cvimodel
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.conv import conv2d_nchw
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
@@ -51,6 +54,7 @@ FAMILIES = [
     "eltwise_add", "eltwise_sub", "eltwise_mul", "eltwise_div_const", "eltwise_broadcast",
     "act_relu", "act_relu6", "act_leakyrelu", "act_prelu", "act_sigmoid", "act_tanh", "act_hardswish",
     "act_hardsigmoid", "gemm", "matmul_dense", "matmul_3d", "concat", "resize_nearest", "upsample_nearest",
+    "pool_avg_3x3_pad", "reshape_transpose",
 ]  # fmt: skip
 SEED = 0
 LONE_SHAPE = (1, 32, 32, 64)
@@ -249,3 +253,73 @@ def test_bf16_rule_splits_activations_a_bf16_op_cannot_apply(tmp_path: Path) -> 
     assert _kinds("act_relu6", tmp_path, "cv18xx_int8")[1] == ("conv2d", "int8", "clip")
     mixed = _kinds("act_relu6", tmp_path, "cv18xx_int8", ["conv_5"])
     assert [k[:2] for k in mixed if k[0] != "cast"] == [("conv2d", "bf16"), ("activation", "bf16")]
+
+
+# ---- average pooling that excludes the padding, and the CPU softmax tail -----------------------------------
+
+EXCLUDED_PAD_POOLS = {  # input shape, AveragePool attributes (count_include_pad defaults to 0)
+    "s2_rows_tiled": ((1, 16, 64, 64), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "5x5_many_tiles": ((1, 64, 96, 96), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    "asym_ceil_batch2": ((2, 8, 15, 17), {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 0, 1],
+                                          "ceil_mode": 1}),
+}  # fmt: skip
+
+
+def _lone_pool(shape: tuple[int, ...], attrs: dict, folder: Path) -> Path:
+    vi = [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape),
+          helper.make_tensor_value_info("output", TensorProto.FLOAT, None)]  # fmt: skip
+    graph = helper.make_graph([helper.make_node("AveragePool", ["input"], ["output"], **attrs)], "pool", vi[:1], vi[1:])
+    path = folder / "pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("case", list(EXCLUDED_PAD_POOLS))
+def test_bf16_avg_pool_excluding_padding(case: str, tmp_path: Path) -> None:
+    shape, attrs = EXCLUDED_PAD_POOLS[case]
+    model = _lone_pool(shape, attrs, tmp_path)
+    feeds = random_feeds(float_graph(model), SEED)
+    ours, vendor = _three_ways(model, "cv181x", feeds, tmp_path / "pool.cvimodel", layer_group=False)
+    assert _same(ours, vendor)
+    exact = run(float_graph(model), feeds)["output"].reshape(ours.shape)
+    # two bf16 roundings of an average: without the rescale the border would be off by a third or more
+    assert np.abs(ours - exact).max() <= 2.0**-6 * np.abs(exact).max()
+
+
+def test_excluded_padding_rescales_border_blocks(tmp_path: Path) -> None:
+    """3x3, pad 1, stride 1 on 16x16: the 4 corners (x9/4) and the 4 edges (x9/6) are one MUL each."""
+    model = tmp_path / "pool_avg_3x3_pad.onnx"
+    onnx.save(make_model("pool_avg_3x3_pad"), model)
+    path, _ = _build(model, "cv181x", tmp_path / "pool.cvimodel", layer_group=False)
+    ins = split_cmdbuf(read_cvimodel(path).sections["subfunc_0"], chip_spec("cv181x"))
+    tiu_ops = [i.fields for i in ins if i.engine == ENGINE_TIU]
+    start = [tiu_op_name(f) for f in tiu_ops].index("avg_pool")
+    muls = tiu_ops[start + 1 : start + 9]
+    assert [tiu_op_name(f) for f in muls] == ["mul"] * 8
+    # row blocks [0,1), [1,15), [15,16) times the same column blocks, the interior left alone
+    assert [(f["res0_h"], f["res0_w"], f["opd1_addr"]) for f in muls] == [
+        (1, 1, 0x4010), (1, 14, 0x3FC0), (1, 1, 0x4010), (14, 1, 0x3FC0),
+        (14, 1, 0x3FC0), (1, 1, 0x4010), (1, 14, 0x3FC0), (1, 1, 0x4010),
+    ]  # fmt: skip
+    assert tiu_op_name(tiu_ops[start + 9]) != "mul"
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_bf16_softmax_tail_runs_on_the_cpu(chip: str, tmp_path: Path) -> None:
+    """The TPU writes the bf16 logits as fp32, the runtime's `softmax` routine makes the output: it equals the
+    vendor's bit for bit, and the CPU routine applied to npuc's bf16 reference logits."""
+    model = tmp_path / "act_softmax.onnx"
+    onnx.save(make_model("act_softmax"), model)
+    feeds = random_feeds(float_graph(model), SEED)
+    path, _ = _build(model, chip, tmp_path / "softmax.cvimodel")
+    program = read_cvimodel(path)
+    ours = run_cvimodel(program, feeds)["output"]
+    vendor = run_vendor(path, feeds)["output"].reshape(ours.shape)
+    assert _same(ours, vendor)
+    qgraph = quantize(copy.deepcopy(float_graph(model)), None, "cv18xx_bf16")
+    (softmax,) = [op for op in qgraph.ops if op.kind == "softmax"]
+    logits = run(qgraph, feeds, kernels=QUANT_KERNELS, keep_all=True)[softmax.inputs[0]]
+    want = cpu_softmax({"axis": 1}, [logits], np.float32, logits.shape)
+    assert _same(want.reshape(ours.shape), vendor)
+    assert np.count_nonzero(ours.view(np.uint32) & 0xFFFF) >= 9  # fp32 probabilities, not bf16 ones
+    assert abs(float(ours.sum()) - 1.0) < 1e-6

@@ -2,19 +2,22 @@
 
 int8 max pooling pads with -128 and keeps the input's scale; int8 average pooling multiplies the window sum
 by an int8 constant and shifts right (multiplier and shift from the quantize pass); bf16 average pooling
-multiplies by the bf16 value of 1/(kh*kw), as the hardware has no divider.
+multiplies by the bf16 value of 1/(kh*kw), as the hardware has no divider. A bf16 average that excludes the
+padding then multiplies each block of output positions whose windows cover equally many input cells by the
+bf16 of kh*kw/count (a constant per block, so a few TIU ops per tile); int8 keeps the 1/(kh*kw) average.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from npuc.backends.cv18xx import tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, quant_of
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
+from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
 
 BF16_LOWEST = 0xFF7F  # the most negative finite bf16: the max-pool pad value
 
@@ -48,7 +51,37 @@ def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTen
         s.tiu(tiu.minimum(out, out, relu_max))
 
 
-def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -> None:
+def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) runs of equal consecutive rows of a 2-D array."""
+    starts = [0, *(np.nonzero(np.any(rows[1:] != rows[:-1], axis=1))[0] + 1).tolist()]
+    return list(zip(starts, [*starts[1:], len(rows)]))
+
+
+def exclusion_blocks(factors: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+    """(row0, row1, col0, col1, bf16 bits) of the output blocks whose average needs rescaling."""
+    blocks = []
+    for r0, r1 in _runs(factors):
+        for c0, c1 in _runs(factors.T):
+            if factors[r0, c0] != 1.0:
+                blocks.append((r0, r1, c0, c1, int(bf16_bits(factors[r0, c0]))))
+    return blocks
+
+
+def _rescale_tile(cg: Codegen, out: LTensor, oh0: int, blocks: list[tuple[int, int, int, int, int]]) -> None:
+    """Multiply the blocks that meet output rows [oh0, oh0 + rows) of a tile by their constants."""
+    oh1 = oh0 + out.shape[2]
+    e = out.esz
+    for r0, r1, c0, c1, bits in blocks:
+        lo, hi = max(r0, oh0), min(r1, oh1)
+        if lo >= hi:
+            continue
+        view = LTensor(out.addr + ((lo - oh0) * out.shape[3] + c0) * e, (1, out.shape[1], hi - lo, c1 - c0),
+                       out.fmt, (out.strides[0], out.strides[1], out.strides[2], e))  # fmt: skip
+        cg.stream.tiu(tiu.mul(view, view, bits))
+
+
+def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor,
+          blocks: list[tuple[int, int, int, int, int]] = ()) -> None:  # fmt: skip
     chip = cg.chip
     fmt = x.fmt
     c = x.shape[1]
@@ -58,12 +91,15 @@ def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor) -
     while tile_c > chip.lanes and local_bytes(chip, (1, tile_c, min(g.ih, g.rows_needed(1)), g.iw), fmt) + \
             local_bytes(chip, (1, tile_c, 1, g.ow), fmt) > chip.lmem_size:  # fmt: skip
         tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
+    done = [0]  # output rows computed so far: tiles come in row order, image after image, channel tile after tile
+
+    def compute(ly: LTensor, lx: LTensor, win: tiu.Window) -> None:
+        pool_tile(cg, op, mode, g, ly, lx, win)
+        _rescale_tile(cg, ly, done[0] % g.oh, blocks)
+        done[0] += ly.shape[2]
+
     for c0 in range(0, c, tile_c):
         cs = (c0, min(c, c0 + tile_c))
-
-        def compute(ly: LTensor, lx: LTensor, win: tiu.Window) -> None:
-            pool_tile(cg, op, mode, g, ly, lx, win)
-
         local.reset()
         stream_rows(cg, op, local, g, x.slice(c=cs), y.slice(c=cs), compute)
 
@@ -79,6 +115,8 @@ def pool_geometry(op: Op, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) ->
 
 
 def pool_supported(op: Op) -> bool:
+    """Whether one TIU pool op per tile computes the op (what a layer group fuses); a bf16 average that
+    excludes the padding also rescales blocks of each tile, which only the stand-alone kernel does."""
     a = op.attrs
     return not (a.mode == "avg" and not a.count_include_pad and any(a.pads) and quant_of(op).mode == "bf16")
 
@@ -86,9 +124,9 @@ def pool_supported(op: Op) -> bool:
 @kernel("pool2d")
 def pool2d(cg: Codegen, op: Op) -> None:
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
-    if not pool_supported(op):
-        raise no_kernel(op, "average pooling that excludes the padding")
-    _pool(cg, op, op.attrs.mode, pool_geometry(op, x.shape, y.shape), x, y)
+    g = pool_geometry(op, x.shape, y.shape)
+    factors = pad_exclusion_factors(op, x.shape[2:], y.shape[2:]) if quant_of(op).mode == "bf16" else None
+    _pool(cg, op, op.attrs.mode, g, x, y, exclusion_blocks(factors) if factors is not None else [])
 
 
 @kernel("global_pool")

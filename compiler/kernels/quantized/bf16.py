@@ -3,9 +3,11 @@
 This is the cv18xx bf16 path (specs/cv18xx.md §4): the TIU takes bf16 operands, accumulates wider and rounds
 each op's result to the nearest even bf16; a conv/gemm bias is fp32. A conv sums its products as the TIU
 does, in float32 rounding toward zero in a fixed order (bf16_conv.py). Average pooling multiplies the window
-sum by the bf16 constant 1/(kh·kw), as the hardware has no divider. Sigmoid and tanh are not the exact
-functions but the chip's table interpolation (bf16_lut.py); ReLU-like, hard-sigmoid/-swish and PReLU follow
-the TIU's step-by-step arithmetic (bf16_act.py). The matmul's accumulation is not modelled (float math).
+sum by the bf16 constant 1/(kh·kw), as the hardware has no divider; when the padding is excluded (ONNX's
+default), each output is then multiplied by the bf16 of kh·kw/(cells inside the input), rounded again.
+Sigmoid and tanh are not the exact functions but the chip's table interpolation (bf16_lut.py); ReLU-like,
+hard-sigmoid/-swish and PReLU follow the TIU's step-by-step arithmetic (bf16_act.py). The matmul's
+accumulation is not modelled (float math).
 """
 
 from __future__ import annotations
@@ -40,12 +42,38 @@ def _with_act(op: Op, y: np.ndarray) -> np.ndarray:
     return round_to_bf16(apply_activation(round_to_bf16(y), getattr(op.attrs, "act", None)))
 
 
+def window_counts(size: int, out: int, k: int, stride: int, dilation: int, pad: int) -> np.ndarray:
+    """Per output index along one axis: how many of the window's k taps fall inside the input."""
+    taps = np.arange(out)[:, None] * stride - pad + np.arange(k)[None, :] * dilation
+    return np.count_nonzero((taps >= 0) & (taps < size), axis=1)
+
+
+def pad_exclusion_factors(op: Op, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> np.ndarray | None:
+    """(oh, ow) bf16 factors kh·kw/count that turn a kh·kw average into one over the cells inside the input;
+    None when the op includes the padding or has none (a ceil_mode overhang alone keeps the kh·kw average,
+    as the int8 path and the exact QDQ export do)."""
+    a = op.attrs
+    if a.mode != "avg" or a.count_include_pad or not any(a.pads):
+        return None
+    rows, cols = (
+        window_counts(n, o, k, s, d, p)
+        for n, o, k, s, d, p in zip(in_hw, out_hw, a.kernel, a.strides, a.dilations, a.pads[:2], strict=True)
+    )
+    kh, kw = a.kernel
+    if np.all(rows == kh) and np.all(cols == kw):
+        return None
+    count = np.maximum(rows[:, None] * cols[None, :], 1).astype(np.float32)
+    return round_to_bf16(np.float32(kh * kw) / count)
+
+
 def pool2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     if op.attrs.mode == "max":
         return _rounded(FLOAT_KERNELS["pool2d"])(op, inputs)
     kh, kw = op.attrs.kernel
     total = window_sums(op, inputs[0].astype(np.float64))
-    return [_with_act(op, (total * _avg_factor(kh * kw)).astype(np.float32))]
+    y = _with_act(op, (total * _avg_factor(kh * kw)).astype(np.float32))
+    factors = pad_exclusion_factors(op, inputs[0].shape[2:], y.shape[2:])
+    return [y if factors is None else round_to_bf16(y * factors)]
 
 
 def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
