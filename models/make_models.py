@@ -153,6 +153,17 @@ def act_prelu(b: NetBuilder) -> onnx.ModelProto:
     return _single(b, b.op("PRelu", b.conv("input", 8, 8, gain=8.0), slope))
 
 
+def prelu_tall(b: NetBuilder) -> onnx.ModelProto:
+    """P-Net-like: conv, PReLU, pool, conv, PReLU on a tall input, so layer groups slice PReLU into row tiles."""
+    x = "input"
+    for cin, cout in ((3, 16), (16, 24)):
+        slope = b.const("slope", b.rng.uniform(0.05, 0.3, (cout, 1, 1)).astype(np.float32))
+        x = b.op("PRelu", b.conv(x, cin, cout, gain=4.0), slope)
+        if cin == 3:
+            x = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2])
+    return _single(b, x, (1, 3, 160, 120))
+
+
 def act_relu6(b: NetBuilder) -> onnx.ModelProto:
     lo = b.const("min", np.array(0.0, dtype=np.float32))
     hi = b.const("max", np.array(6.0, dtype=np.float32))
@@ -253,6 +264,7 @@ MODELS: dict[str, Builder] = {
     "act_hardsigmoid": _activation("HardSigmoid", alpha=0.2, beta=0.5),
     "act_leakyrelu": _activation("LeakyRelu", alpha=0.1),
     "act_prelu": act_prelu,
+    "prelu_tall": prelu_tall,
     "act_relu6": act_relu6,
     "act_softmax": act_softmax,
     "gemm": gemm,

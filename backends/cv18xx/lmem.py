@@ -7,6 +7,7 @@ tensors are strided byte ranges in one region (0 shared, 1 weight, 2 private, 3.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from npuc.backends.cv18xx.chips import ChipSpec
@@ -110,3 +111,14 @@ class LocalAllocator:
         addr = self.top
         self.top += align(size)
         return addr
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A constant a kernel reads from local memory: its local shape, format and alignment, and `source()`,
+    which places it in the weight area (called once, when the code that loads it is emitted)."""
+
+    shape: tuple[int, int, int, int]
+    fmt: str
+    eu_align: bool
+    source: Callable[[], GTensor]

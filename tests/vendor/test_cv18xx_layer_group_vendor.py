@@ -56,3 +56,31 @@ def test_grouped_build_is_bit_exact_and_moves_less(chip: str, case, tmp_path: Pa
     print(f"{chip}: DDR {ddr[0]} B grouped vs {ddr[1]} B; shared {g_sum['shared_gmem']} vs {s_sum['shared_gmem']}")
     assert ddr[0] < ddr[1] * 0.6
     assert g_sum["shared_gmem"] < s_sum["shared_gmem"]
+
+
+@pytest.mark.parametrize("quant", ["int8", "bf16"])
+@pytest.mark.parametrize("chip", ["cv183x", "cv181x"])
+def test_prelu_joins_groups_bit_exactly(chip: str, quant: str, tmp_path: Path) -> None:
+    """conv, PReLU, pool, conv, PReLU in one row-tiled group: grouped == ungrouped == vendor (== int8 reference)."""
+    model, table = generated_model("prelu_tall", tmp_path)
+    feeds = random_feeds(float_graph(model), 5)
+    calib = table if quant == "int8" else None
+    outputs = []
+    for layer_group in (True, False):
+        options = {"quant_output": True, "layer_group": layer_group}
+        request = BuildRequest(float_graph(model), model, tmp_path / "m.cvimodel", chip=chip, quant=quant,
+                               calib_table=calib, options=options)  # fmt: skip
+        data, summary = compile_cvimodel(request)
+        path = tmp_path / f"{layer_group}.cvimodel"
+        path.write_bytes(data)
+        if layer_group:
+            assert summary["layer_groups"] == 1 and summary["grouped_ops"] == 5 and summary["group_tiles"] > 1
+        ((name, value),) = run_cvimodel(read_cvimodel(path), feeds).items()
+        vendor = run_vendor(path, feeds)[name].reshape(value.shape)
+        assert np.array_equal(value.view(np.uint8), np.ascontiguousarray(vendor).view(np.uint8))
+        assert len(np.unique(value)) > 50
+        outputs.append(value)
+    assert np.array_equal(outputs[0].view(np.uint8), outputs[1].view(np.uint8))
+    if quant == "int8":
+        reference = quantized_reference(model, table, feeds)["output_i8"]
+        assert np.array_equal(outputs[0], reference.reshape(outputs[0].shape))

@@ -1,4 +1,4 @@
-"""Layer groups on the CV18xx: a run of conv / pool / eltwise / activation ops computed in local memory.
+"""Layer groups on the CV18xx: a run of conv / pool / eltwise / activation / PReLU ops computed in local memory.
 
 passes/layer_group.py forms the groups and gives each tile's rows; here every op of a group gets a local
 kernel (the same TIU ops as its stand-alone kernel, on local tiles), and the group a local-memory plan:
@@ -32,8 +32,10 @@ from npuc.backends.cv18xx.kernels.elementwise import (
 )
 from npuc.backends.cv18xx.kernels.lut import lookup, replicated_table, table_shape
 from npuc.backends.cv18xx.kernels.pool import check_pool, pool_geometry, pool_supported, pool_tile
+from npuc.backends.cv18xx.kernels.prelu import compute_prelu
+from npuc.backends.cv18xx.kernels.prelu import constants as prelu_constants
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline
-from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes, local_strides
+from npuc.backends.cv18xx.lmem import LTensor, Resident, local_bytes, local_strides
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
@@ -41,16 +43,6 @@ from npuc.passes.layer_group import LayerGroup, Read, Rows, Tile, form_groups
 
 LOCAL_FMT = {"int8": "i8", "bf16": "bf16"}
 RESIDENT_SHARE = 2  # an op's constants may take at most 1/RESIDENT_SHARE of a lane to join a group
-
-
-@dataclass(frozen=True)
-class Resident:
-    """A constant an op keeps in local memory for the whole group; `source()` places it in the weight area."""
-
-    shape: tuple[int, int, int, int]
-    fmt: str
-    eu_align: bool
-    source: Callable[[], GTensor]
 
 
 Emit = Callable[[Codegen, Op, LTensor, list[LTensor], list[Read], list[LTensor], Callable[[], LTensor]], None]
@@ -199,6 +191,23 @@ def _activation_emit(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], read
         compute_relu_like(cg, op, out, ins[0], new_tile)
 
 
+def _prelu_joins(cg: Codegen, op: Op) -> bool:
+    try:
+        prelu_constants(cg, op)
+    except UserError:
+        return False  # the stand-alone kernel reports it
+    return True
+
+
+def _prelu_scratch(op: Op) -> int:
+    return 1 if quant_of(op).mode == "bf16" else 2  # the negative half (+ the int8 high plane)
+
+
+def _prelu_emit(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], reads: list[Read], res: list[LTensor],
+                new_tile: Callable[[], LTensor]) -> None:  # fmt: skip
+    compute_prelu(cg, op, out, ins[0], res, new_tile)
+
+
 def _activation_exact(op: Op) -> bool:
     return _is_lut(op)
 
@@ -208,6 +217,7 @@ LOCAL_KERNELS: dict[str, LocalKernel] = {
     "pool2d": LocalKernel(_pool_joins, _pool_emit),
     "eltwise": LocalKernel(_eltwise_joins, _eltwise_emit, scratch=eltwise_scratch, exact=False),
     "activation": LocalKernel(_activation_joins, _activation_emit, _activation_resident, _activation_scratch),
+    "prelu": LocalKernel(_prelu_joins, _prelu_emit, prelu_constants, _prelu_scratch, exact=False),
 }
 
 
