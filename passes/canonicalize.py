@@ -6,16 +6,12 @@ change (tests compare against onnxruntime after this pass). Graph outputs keep t
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
 import numpy as np
 from npuc.compiler import ops
 from npuc.compiler.fold import fold_constant_ops
 from npuc.compiler.ir import Graph, Op
-
-Rewrite = Callable[[Graph], int]
-REWRITES: dict[str, Rewrite] = {}
+from npuc.passes import activation_patterns  # noqa: F401  (registers its rewrites)
+from npuc.passes.rewrites import REWRITES, rewrite, sole_user
 
 # Order matters: patterns are recognised before activations fuse into their producers (a fused
 # clip would hide the hard-swish spelled as Add/Clip/Mul/Div), and scale folds run before fusion.
@@ -34,14 +30,6 @@ PIPELINE = (
     "fold_pad",
     "fuse_activation",
 )
-
-
-def rewrite(name: str) -> Callable[[Rewrite], Rewrite]:
-    def register(fn: Rewrite) -> Rewrite:
-        REWRITES[name] = fn
-        return fn
-
-    return register
 
 
 def canonicalize(graph: Graph) -> dict[str, int]:
@@ -65,14 +53,6 @@ def canonicalize(graph: Graph) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _sole_user(graph: Graph, name: str) -> Op | None:
-    """The single op reading `name`, if exactly one does and it is not a graph output."""
-    if name in graph.outputs:
-        return None
-    users = graph.consumers().get(name, [])
-    return users[0] if len(users) == 1 else None
-
-
 def _bypass(graph: Graph, op: Op) -> bool:
     """Remove a one-in/one-out op whose output equals its input, keeping graph output names."""
     src, dst = op.inputs[0], op.outputs[0]
@@ -87,33 +67,6 @@ def _bypass(graph: Graph, op: Op) -> bool:
     producer.outputs = [dst if o == src else o for o in producer.outputs]
     graph.tensors[dst].dtype = graph.tensors[src].dtype
     return True
-
-
-def _scalar(graph: Graph, name: str) -> float | None:
-    data = graph.const(name)
-    if data is None or data.size != 1:
-        return None
-    return float(np.asarray(data).reshape(-1)[0])
-
-
-def _eltwise_with_const(graph: Graph, op: Op | None, kind: str) -> tuple[str, float] | None:
-    """For eltwise `kind` of a tensor and a scalar constant: (tensor, scalar)."""
-    if op is None or op.kind != "eltwise" or op.attrs.kind != kind or op.attrs.act or len(op.inputs) != 2:
-        return None
-    a, b = op.inputs
-    if _scalar(graph, b) is not None and graph.const(a) is None:
-        return a, _scalar(graph, b)
-    if kind in ("add", "mul") and _scalar(graph, a) is not None and graph.const(b) is None:
-        return b, _scalar(graph, a)
-    return None
-
-
-def _replace_with_activation(graph: Graph, first: Op, last: Op, x: str, act: ops.Activation) -> None:
-    """Replace the chain first..last (last's output kept) by one activation op reading x."""
-    index = graph.ops.index(first)
-    out = last.outputs[0]
-    graph.remove_op(last)
-    graph.ops.insert(index, Op(last.name, "activation", [x], [out], ops.ActivationOp(act)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -155,7 +108,7 @@ def drop_noop_reshape(graph: Graph) -> int:
             fired += 1
             continue
         inner = producers.get(src)
-        if inner is not None and inner.kind == "reshape" and _sole_user(graph, src) is op:
+        if inner is not None and inner.kind == "reshape" and sole_user(graph, src) is op:
             op.inputs = [inner.inputs[0]]  # reshape(reshape(x)) = reshape(x)
             graph.remove_op(inner)
             producers = graph.producers()
@@ -201,7 +154,7 @@ def merge_transpose_axes(graph: Graph) -> int:
         merged_out = tuple(merged[p] for p in merged_perm)
         index = graph.ops.index(op)
         producer = graph.producers().get(src)
-        if producer is not None and producer.kind == "reshape" and _sole_user(graph, src) is op:
+        if producer is not None and producer.kind == "reshape" and sole_user(graph, src) is op:
             producer.attrs = ops.Reshape(merged)
             graph.tensors[src].shape = merged
         else:
@@ -209,7 +162,7 @@ def merge_transpose_axes(graph: Graph) -> int:
             graph.add_tensor(flat_in, merged, graph.tensors[src].dtype)
             graph.ops.insert(index, Op(f"{op.name}_merge", "reshape", [src], [flat_in], ops.Reshape(merged)))
             op.inputs = [flat_in]
-        user = _sole_user(graph, out)
+        user = sole_user(graph, out)
         if user is not None and user.kind == "reshape":
             graph.tensors[out].shape = merged_out
         else:
@@ -251,7 +204,7 @@ def fold_batchnorm(graph: Graph) -> int:
         scale, bias = graph.const(op.inputs[1]), graph.const(op.inputs[2])
         if prev is None or prev.kind not in ("conv2d", "gemm") or prev.attrs.act or op.attrs.act:
             continue
-        if _sole_user(graph, prev.outputs[0]) is not op or op.attrs.axis != 1:
+        if sole_user(graph, prev.outputs[0]) is not op or op.attrs.axis != 1:
             continue
         if graph.const(prev.inputs[1]) is None or (len(prev.inputs) > 2 and graph.const(prev.inputs[2]) is None):
             continue
@@ -304,7 +257,7 @@ def fuse_activation(graph: Graph) -> int:
         prev = producers.get(op.inputs[0])
         if not _fusable_activation(act) or prev is None or prev.kind not in _FUSABLE_PRODUCERS:
             continue
-        if prev.attrs.act is not None or _sole_user(graph, prev.outputs[0]) is not op:
+        if prev.attrs.act is not None or sole_user(graph, prev.outputs[0]) is not op:
             continue
         if prev.kind == "eltwise" and prev.attrs.kind not in ("add", "sub", "mul", "max", "min"):
             continue
@@ -321,7 +274,7 @@ def fold_pad(graph: Graph) -> int:
     fired = 0
     for op in graph.iter_ops("pad"):
         pads, rank = op.attrs.pads, len(graph.shape(op.inputs[0]))
-        user = _sole_user(graph, op.outputs[0])
+        user = sole_user(graph, op.outputs[0])
         if rank != 4 or op.attrs.mode != "constant" or user is None or any(pads[i] for i in (0, 1, 4, 5)):
             continue
         extra = (pads[2], pads[3], pads[6], pads[7])  # top, left, bottom, right
@@ -341,158 +294,6 @@ def fold_pad(graph: Graph) -> int:
     return fired
 
 
-@rewrite("recognize_hard_sigmoid")
-def recognize_hard_sigmoid(graph: Graph) -> int:
-    """clip(x + c, 0, h) / h (or * 1/h) is hard_sigmoid(x; alpha=1/h, beta=c/h)."""
-    fired = 0
-    producers = graph.producers()
-    for op in list(graph.ops):
-        scaled = _eltwise_with_const(graph, op, "div") or _eltwise_with_const(graph, op, "mul")
-        if scaled is None:
-            continue
-        clipped, k = scaled
-        divisor = k if op.attrs.kind == "div" else (1.0 / k if k else 0.0)
-        clip = producers.get(clipped)
-        if clip is None or clip.kind != "activation" or clip.attrs.act.kind != "clip":
-            continue
-        act = clip.attrs.act
-        if act.lo != 0.0 or not math.isclose(act.hi, divisor, rel_tol=1e-6) or _sole_user(graph, clipped) is not op:
-            continue
-        add = producers.get(clip.inputs[0])
-        shifted = _eltwise_with_const(graph, add, "add")
-        if shifted is None or _sole_user(graph, clip.inputs[0]) is not clip:
-            continue
-        x, c = shifted
-        graph.remove_op(clip)
-        graph.remove_op(add)
-        _replace_with_activation(
-            graph, op, op, x, ops.Activation("hard_sigmoid", alpha=1.0 / divisor, beta=c / divisor)
-        )
-        producers = graph.producers()
-        fired += 1
-    return fired
-
-
-def _is_hard_sigmoid_of(graph: Graph, producers: dict[str, Op], name: str, x: str) -> bool:
-    op = producers.get(name)
-    if op is None or op.kind != "activation" or op.inputs[0] != x:
-        return False
-    act = op.attrs.act
-    return (
-        act.kind == "hard_sigmoid"
-        and math.isclose(act.alpha, 1 / 6, rel_tol=1e-5)
-        and math.isclose(act.beta, 0.5, rel_tol=1e-5)
-    )
-
-
-@rewrite("recognize_hard_swish")
-def recognize_hard_swish(graph: Graph) -> int:
-    """x * hard_sigmoid(x; 1/6, 1/2) is hard_swish(x)."""
-    fired = 0
-    producers = graph.producers()
-    for op in list(graph.ops):
-        if op.kind != "eltwise" or op.attrs.kind != "mul" or op.attrs.act or len(op.inputs) != 2:
-            continue
-        a, b = op.inputs
-        for x, hs in ((a, b), (b, a)):
-            if _is_hard_sigmoid_of(graph, producers, hs, x) and _sole_user(graph, hs) is op:
-                graph.remove_op(producers[hs])
-                _replace_with_activation(graph, op, op, x, ops.Activation("hard_swish"))
-                producers = graph.producers()
-                fired += 1
-                break
-    return fired
-
-
-@rewrite("recognize_gelu")
-def recognize_gelu(graph: Graph) -> int:
-    """x * 0.5 * (1 + erf(x / sqrt(2))), in its common operand orders, is gelu(x)."""
-    fired = 0
-    for erf in list(graph.iter_ops("activation")):
-        if erf.attrs.act.kind != "erf" or erf not in graph.ops:
-            continue
-        producers, consumers = graph.producers(), graph.consumers()
-        scaled = _eltwise_with_const(graph, producers.get(erf.inputs[0]), "div")
-        scaled = scaled or _eltwise_with_const(graph, producers.get(erf.inputs[0]), "mul")
-        if scaled is None:
-            continue
-        x, k = scaled
-        inner = producers[erf.inputs[0]]
-        if not math.isclose(k if inner.attrs.kind == "div" else 1 / k, math.sqrt(2), rel_tol=1e-4):
-            continue
-        add = _only(consumers.get(erf.outputs[0], []))
-        if _eltwise_with_const(graph, add, "add") is None or _scalar_operand(graph, add) != 1.0:
-            continue
-        mul1 = _only(consumers.get(add.outputs[0], []))
-        if mul1 is None or mul1.kind != "eltwise" or mul1.attrs.kind != "mul" or mul1.attrs.act:
-            continue
-        other = mul1.inputs[1] if mul1.inputs[0] == add.outputs[0] else mul1.inputs[0]
-        chain = [inner, erf, add, mul1]
-        if other == x:  # (x * (1 + erf)) * 0.5
-            last = _only(consumers.get(mul1.outputs[0], []))
-            half = _eltwise_with_const(graph, last, "mul")
-            if half is None or half[1] != 0.5 or mul1.outputs[0] in graph.outputs:
-                continue
-            chain.append(last)
-        else:  # (x * 0.5) * (1 + erf)
-            half_op = producers.get(other)
-            half = _eltwise_with_const(graph, half_op, "mul")
-            if half is None or half != (x, 0.5) or _sole_user(graph, other) is not mul1:
-                continue
-            chain.insert(0, half_op)
-        if any(o in graph.outputs for op in chain[:-1] for o in op.outputs):
-            continue
-        if any(len(consumers.get(op.outputs[0], [])) != 1 for op in chain[:-1] if op is not inner):
-            continue
-        if len(consumers.get(inner.outputs[0], [])) != 1:
-            continue
-        first = min(chain, key=graph.ops.index)
-        for op in chain[:-1]:
-            if op is not first:
-                graph.remove_op(op)
-        _replace_with_activation(graph, first, chain[-1], x, ops.Activation("gelu"))
-        if first in graph.ops:
-            graph.remove_op(first)
-        fired += 1
-    return fired
-
-
-@rewrite("recognize_hard_swish_product")
-def recognize_hard_swish_product(graph: Graph) -> int:
-    """x * clip(x + 3, 0, 6) / 6 (Paddle's export of hard-swish) is hard_swish(x)."""
-    fired = 0
-    producers = graph.producers()
-    for op in list(graph.ops):
-        scaled = _eltwise_with_const(graph, op, "div") or _eltwise_with_const(graph, op, "mul")
-        if scaled is None or op not in graph.ops:
-            continue
-        product, k = scaled
-        divisor = k if op.attrs.kind == "div" else (1.0 / k if k else 0.0)
-        mul = producers.get(product)
-        if mul is None or mul.kind != "eltwise" or mul.attrs.kind != "mul" or mul.attrs.act or len(mul.inputs) != 2:
-            continue
-        for x, clipped in (mul.inputs, mul.inputs[::-1]):
-            clip = producers.get(clipped)
-            if clip is None or clip.kind != "activation" or clip.attrs.act.kind != "clip":
-                continue
-            shifted = _eltwise_with_const(graph, producers.get(clip.inputs[0]), "add")
-            act = clip.attrs.act
-            if shifted is None or shifted[0] != x or act.lo != 0.0 or not math.isclose(act.hi, divisor, rel_tol=1e-6):
-                continue
-            if not (math.isclose(divisor, 6.0, rel_tol=1e-6) and math.isclose(shifted[1], 3.0, rel_tol=1e-6)):
-                continue
-            chain = [producers[clip.inputs[0]], clip, mul]
-            if any(_sole_user(graph, c.outputs[0]) is None for c in chain):
-                continue
-            for c in chain:
-                graph.remove_op(c)
-            _replace_with_activation(graph, op, op, x, ops.Activation("hard_swish"))
-            producers = graph.producers()
-            fired += 1
-            break
-    return fired
-
-
 @rewrite("fold_bias_add")
 def fold_bias_add(graph: Graph) -> int:
     """conv/gemm followed by Add of a per-channel constant (a bias exported separately) folds into the bias."""
@@ -507,7 +308,7 @@ def fold_bias_add(graph: Graph) -> int:
                 continue
             out_shape = graph.shape(prev.outputs[0])
             channels = out_shape[1]
-            if const.size != channels or graph.shape(op.outputs[0]) != out_shape or _sole_user(graph, x) is not op:
+            if const.size != channels or graph.shape(op.outputs[0]) != out_shape or sole_user(graph, x) is not op:
                 continue
             if const.ndim > 1 and const.shape[-len(out_shape) + 1 :] != (channels,) + (1,) * (len(out_shape) - 2):
                 continue
@@ -528,15 +329,3 @@ def fold_bias_add(graph: Graph) -> int:
             fired += 1
             break
     return fired
-
-
-def _only(users: list[Op]) -> Op | None:
-    return users[0] if len(users) == 1 else None
-
-
-def _scalar_operand(graph: Graph, op: Op) -> float | None:
-    for name in op.inputs:
-        value = _scalar(graph, name)
-        if value is not None:
-            return value
-    return None
