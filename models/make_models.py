@@ -76,6 +76,14 @@ def conv_transpose(b: NetBuilder) -> onnx.ModelProto:
     return _single(b, b.op("ConvTranspose", "input", w, bias, kernel_shape=[2, 2], strides=[2, 2]))
 
 
+def conv_transpose_4x4(b: NetBuilder) -> onnx.ModelProto:
+    """Learned 2x upsampling as real models do it: 4x4 kernel, stride 2, pad 1, then ReLU."""
+    w = b.const("w", b.normal((8, 8, 4, 4), np.sqrt(2.0 / 32)))
+    bias = b.const("b", b.normal((8,), 0.1))
+    y = b.op("ConvTranspose", "input", w, bias, kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1])
+    return _single(b, b.op("Relu", y))
+
+
 def conv_asym_pad(b: NetBuilder) -> onnx.ModelProto:
     # TF "SAME" stride 2 pads only the bottom/right; then a lopsided pad on every side.
     y = b.conv("input", 8, 8, stride=2, pads=(0, 0, 1, 1))
@@ -244,6 +252,7 @@ MODELS: dict[str, Builder] = {
     "conv_asym_pad": conv_asym_pad,
     "conv_rect": conv_rect,
     "conv_transpose": conv_transpose,
+    "conv_transpose_4x4": conv_transpose_4x4,
     "pad_conv": pad_conv,
     "nhwc_input": nhwc_input,
     "conv_bn_relu": lambda b: _single(b, b.op("Relu", b.batchnorm(b.conv("input", 8, 16), 16))),
@@ -251,6 +260,8 @@ MODELS: dict[str, Builder] = {
     "pool_max_3x3_s2": _pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
     "pool_avg": _pool("AveragePool", kernel_shape=[2, 2], strides=[2, 2]),
     "pool_avg_3x3_pad": _pool("AveragePool", kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0),
+    "pool_avg_ceil": _pool("AveragePool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    "pool_avg_asym_pad": _pool("AveragePool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 0, 1]),
     "pool_global_avg": _pool("GlobalAveragePool"),
     "eltwise_add": _binary("Add"),
     "eltwise_sub": _binary("Sub"),

@@ -10,10 +10,11 @@ What is exact integer and what is not:
   (MatMulInteger), the QDM requantization `RoundingDivideByPOT(SRDHM(acc, M), r)` written as one floor
   division on non-negative int64, `sign(acc)·⌊(|acc|·M + 2^30 − [acc<0] + 2^(r−1)·2^31) / 2^(31+r)⌋`
   (the two roundings of gemmlowp nest into one floor); eltwise add/sub/max/min, concat, average pools
-  (window sums by ConvInteger with a ones kernel, or ReduceSum) with int8 multipliers and the shift that
-  rounds half up, `⌊(Σ m_i·x_i + 2^(r−1)) / 2^r⌋` via Mod/Sub/Div; eltwise mul (QDM on the int64
-  product); PReLU halves; ReLU/relu6 clamps; activations and LUT ops as a Gather on the op's 256-entry
-  table indexed by code + 128; max pools, reshapes, transposes, slices, pads ... on the int8 codes.
+  (window sums by ConvInteger with a ones kernel, or ReduceSum; a pool whose windows count different numbers
+  of cells has an (oh, ow) multiplier and shift) with int8 multipliers and the shift that rounds half up,
+  `⌊(Σ m_i·x_i + 2^(r−1)) / 2^r⌋` via Mod/Sub/Div; eltwise mul (QDM on the int64 product); PReLU halves;
+  ReLU/relu6 clamps; activations and LUT ops as a Gather on the op's 256-entry table indexed by code + 128;
+  max pools, reshapes, transposes, slices, pads ... on the int8 codes.
 - exact float: the boundary quantization of a float input, `clamp(round_half_away(x·f32(127/th)))` (the
   CPU `quant` routine), written as Mul, Round with a tie fix, Clip, then snapped onto the grid
   (`code·s`) and passed through a visible QuantizeLinear(scale s = th/127, zero point 0) that returns the
@@ -39,6 +40,7 @@ from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
 from npuc.compiler.kernels.quantized.bf16_act import bf16_constant
+from npuc.compiler.kernels.quantized.int8 import pool_requant
 from npuc.compiler.kernels.quantized.params import OpQuant
 from npuc.passes.fixedpoint import round_to_bf16
 from npuc.passes.qdq_ops import EMITTERS, OnnxBuilder, activation
@@ -233,7 +235,9 @@ def _pool(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
         attrs.update(ceil_mode=int(a.ceil_mode), dilations=list(a.dilations))
         y = e.to_i64(e.b.node("MaxPool", ins, **attrs))
     else:
-        y = e.shift_round_half_up(_window_sums(e, op, ins[0]), q.multiplier, q.rshift, None)
+        m, r = pool_requant(q)  # per output position when windows count different numbers of cells
+        shape = (1, 1, *m.shape) if m.ndim == 2 else None
+        y = e.shift_round_half_up(_window_sums(e, op, ins[0]), m, r, shape)
     e.finish(y, op.outputs[0], _relu(op), q.relu_max)
 
 

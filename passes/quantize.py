@@ -24,6 +24,8 @@ from npuc.compiler import ops
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.activation import apply_activation
+from npuc.compiler.kernels.quantized.bf16_conv import conv_filter_as_transposed, transposed_conv_filter
+from npuc.compiler.kernels.quantized.int8 import window_cell_counts
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.passes.calitable import CalibrationTable
 from npuc.passes.fixedpoint import (
@@ -233,6 +235,26 @@ def _int8_conv(ctx: QuantContext, op: Op) -> Lowered | None:
     return Lowered(inputs, q)
 
 
+def _int8_conv_transpose(ctx: QuantContext, op: Op) -> Lowered | None:
+    """Quantized per output channel as the conv the TIU runs (flipped, channel-swapped filters); the int8
+    filters are stored back in the ConvTranspose layout (IC, OC/group, KH, KW)."""
+    g = ctx.graph
+    th = _thresholds(ctx, op, [op.inputs[0], op.outputs[0]])
+    weight = g.const(op.inputs[1])
+    bias = g.const(op.inputs[2]) if len(op.inputs) > 2 else None
+    if th is None or weight is None or (len(op.inputs) > 2 and bias is None) or not _int8_act_ok(op):
+        return None
+    group = op.attrs.group
+    p = cv18xx_quantize_conv(transposed_conv_filter(weight, group), bias, th[0], th[1])
+    w_q = conv_filter_as_transposed(p.weight, group)
+    inputs = [ctx.as_int8(op.inputs[0]), ctx.const(f"{op.inputs[1]}_int8", w_q, None)]
+    if p.bias is not None:
+        inputs.append(ctx.const(f"{op.inputs[2]}_int32", p.bias, None))
+    q = OpQuant("int8", (int8_params(th[0]),), int8_params(th[1]), p.multiplier, p.rshift)
+    q.relu_max = _relu_max(ops.fused_act(op), th[1])
+    return Lowered(inputs, q)
+
+
 def _int8_gemm(ctx: QuantContext, op: Op) -> Lowered | None:
     """FC: one QDM multiplier for the whole weight (tpu-mlir's per-tensor FC), int32 bias."""
     g = ctx.graph
@@ -314,8 +336,15 @@ def _int8_pool(ctx: QuantContext, op: Op) -> Lowered | None:
         return None
     shape = ctx.graph.shape(op.inputs[0])
     count = op.attrs.kernel[0] * op.attrs.kernel[1] if op.kind == "pool2d" else int(np.prod(shape[2:]))
-    multiplier, rshift = cv18xx_per_tensor_multiplier(np.float32(th[0]) / np.float32(th[1]) / count, 127)
+    ratio = np.float32(th[0]) / np.float32(th[1])
+    multiplier, rshift = cv18xx_per_tensor_multiplier(ratio / count, 127)
     q = OpQuant("int8", (int8_params(th[0]),), int8_params(th[1]), multiplier, rshift)
+    # windows that count fewer cells (padding excluded, ceil_mode overhang): one pair per output position
+    counts = window_cell_counts(op, shape[2:], ctx.graph.shape(op.outputs[0])[2:])
+    if counts is not None:
+        q.position_multiplier, q.position_rshift = cv18xx_per_tensor_multiplier(
+            ratio / np.maximum(counts, 1).astype(np.float32), 127
+        )
     q.relu_max = _relu_max(getattr(op.attrs, "act", None), th[1])
     return Lowered([ctx.as_int8(op.inputs[0])], q)
 
@@ -378,6 +407,7 @@ CV18XX_INT8_RULES: Mapping[str, Rule] = MappingProxyType(
     {
         "prelu": _int8_prelu,
         "conv2d": _int8_conv,
+        "conv_transpose2d": _int8_conv_transpose,
         "gemm": _int8_gemm,
         "matmul": _int8_gemm,
         "eltwise": _int8_eltwise,

@@ -11,7 +11,6 @@ import onnx
 from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.codegen import no_kernel
 from npuc.frontends.onnx import import_onnx
-from npuc.models.make_models import make_model
 from npuc.models.netbuilder import NetBuilder
 from npuc.passes.calitable import read_table
 from npuc.passes.canonicalize import canonicalize
@@ -22,11 +21,12 @@ GOLDEN = GOLDEN_ROOT / "cv18xx"
 
 
 def test_an_op_without_a_kernel_names_the_node_and_the_way_out(tmp_path: Path) -> None:
-    model = tmp_path / "ct.onnx"
-    onnx.save(make_model("conv_transpose"), model)
-    out = tmp_path / "ct.cvimodel"
+    b = NetBuilder("lrn", np.random.default_rng(0))
+    model = tmp_path / "lrn.onnx"
+    onnx.save(b.build({"input": (1, 8, 16, 16)}, {"output": b.op("LRN", b.conv("input", 8, 8), size=3)}), model)
+    out = tmp_path / "lrn.cvimodel"
     result = npuc("build", model, "--target", "cv18xx", "--quant", "bf16", "-o", out)
-    line = assert_user_error(result, "op 'convtranspose_", "(conv_transpose2d)", "no cv18xx kernel", "another target")
+    line = assert_user_error(result, "op 'lrn_", "(lrn)", "no cv18xx kernel", "another target")
     assert "npuc targets" in line
     assert list(tmp_path.iterdir()) == [model]
 

@@ -159,11 +159,32 @@ class TiuContext:
 # ---- kernels --------------------------------------------------------------------------------------------
 
 
-def _windows(ctx: TiuContext, x: np.ndarray, kh: int, kw: int, pad_value: float) -> np.ndarray:
-    """(n, c, oh, ow, kh, kw) input windows after padding, dilation and stride."""
+MAX_INSERTED_ELEMENTS = 1 << 26  # an input spread wider than this is a corrupt descriptor, not a real layer
+
+
+def _insert(ctx: TiuContext, x: np.ndarray, value: float) -> np.ndarray:
+    """The input with `conv_opd0_y/x_ins0` copies of `value` between its rows/columns and `*_ins0_last` after
+    the last one (a transposed conv as a stride-1 conv over the spread input)."""
     f = ctx.f
-    if f["conv_opd0_x_ins0"] or f["conv_opd0_y_ins0"]:
-        raise UnsupportedError("TIU input insertion (deconvolution) is not simulated")
+    ins_h, ins_w = f["conv_opd0_y_ins0"], f["conv_opd0_x_ins0"]
+    last_h, last_w = f["conv_opd0_y_ins0_last"], f["conv_opd0_x_ins0_last"]
+    if not (ins_h or ins_w or last_h or last_w):
+        return x
+    n, c, h, w = x.shape
+    if h == 0 or w == 0:
+        raise CorruptFileError("TIU: an input with insertion has an empty height or width")
+    eh, ew = (h - 1) * (ins_h + 1) + 1, (w - 1) * (ins_w + 1) + 1
+    if n * c * (eh + last_h) * (ew + last_w) > MAX_INSERTED_ELEMENTS:
+        raise CorruptFileError(f"TIU: inserting zeros into a {n}x{c}x{h}x{w} input exceeds any local memory")
+    out = np.full((n, c, eh + last_h, ew + last_w), value, x.dtype)
+    out[:, :, 0 : eh : ins_h + 1, 0 : ew : ins_w + 1] = x
+    return out
+
+
+def _windows(ctx: TiuContext, x: np.ndarray, kh: int, kw: int, pad_value: float) -> np.ndarray:
+    """(n, c, oh, ow, kh, kw) input windows after insertion, padding, dilation and stride."""
+    f = ctx.f
+    x = _insert(ctx, x, pad_value)
     pads = (
         (0, 0),
         (0, 0),
@@ -174,7 +195,10 @@ def _windows(ctx: TiuContext, x: np.ndarray, kh: int, kw: int, pad_value: float)
     dh, dw = f["conv_opd1_y_ins0"] + 1, f["conv_opd1_x_ins0"] + 1
     win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))[..., ::dh, ::dw]
     _, _, oh, ow = ctx.shape("res0")
-    return win[:, :, :: f["conv_op_y_str"], :: f["conv_op_x_str"]][:, :, :oh, :ow]
+    win = win[:, :, :: f["conv_op_y_str"], :: f["conv_op_x_str"]][:, :, :oh, :ow]
+    if win.shape[2:4] != (oh, ow):
+        raise CorruptFileError(f"TIU: the input gives {win.shape[2]}x{win.shape[3]} windows, res0 wants {oh}x{ow}")
+    return win
 
 
 def _bf16_bias(ctx: TiuContext, oc: int) -> np.ndarray:

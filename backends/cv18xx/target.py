@@ -12,9 +12,10 @@ register_target(
         artifact=".cvimodel (FlatBuffer + TIU/TDMA cmdbufs)",
         status=(
             "reads, inspects (--disasm) and simulates cvimodels from their bytes; npuc build generates int8/bf16 "
-            "cvimodels (conv, pooling, eltwise, ReLU family, PReLU, int8 lookup-table activations, FC, concat, "
-            "reshape/transpose, nearest upsample) with layer groups kept in local memory; every build runs on the "
-            "vendor simulator bit for bit"
+            "cvimodels (conv, transposed conv, pooling, eltwise, ReLU family, PReLU, sigmoid/tanh/hard-swish/"
+            "hard-sigmoid, FC/MatMul, concat, reshape/transpose incl. channel shuffle, nearest upsample, CPU "
+            "softmax; NCHW or NHWC input) with layer groups kept in local memory; every build runs on the vendor "
+            "simulator bit for bit"
         ),
         build=build,
     )

@@ -37,10 +37,14 @@ class Window:
     dh: int = 1
     dw: int = 1
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
+    ins_h: int = 0  # zeros inserted between input rows / columns (a transposed conv's stride - 1)
+    ins_w: int = 0
 
     def fields(self) -> dict[str, int]:
         top, bottom, left, right = self.pads
         return {
+            "conv_opd0_y_ins0": self.ins_h,
+            "conv_opd0_x_ins0": self.ins_w,
             "conv_opd0_up_pad": top,
             "conv_opd0_dn_pad": bottom,
             "conv_opd0_lf_pad": left,

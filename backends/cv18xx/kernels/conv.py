@@ -1,4 +1,5 @@
-"""Convolution kernels: plain and grouped conv (TIU conv), depthwise conv (TIU depthwise), int8 and bf16.
+"""Convolution kernels: plain and grouped conv (TIU conv), depthwise conv (TIU depthwise), and transposed conv
+(the same, over an input the TIU spreads with zeros), int8 and bf16.
 
 Weights and per-channel parameters of an output-channel tile are loaded once; the output is produced in row
 tiles whose input rows (with the halo the kernel needs) are loaded for each tile. A fused ReLU6 adds a TIU
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
-from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, quant_of
+from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, op_where, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
+from npuc.compiler.kernels.quantized.bf16_conv import conv_transpose_pads, transposed_conv_filter
 
 Window = tiu.Window
 
@@ -57,8 +59,10 @@ class ConvParams:
         return None if self.g is None else self.g.slice(c=(c0, c1))
 
 
-def conv_weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool) -> GTensor:
-    w = cg.const(op.inputs[1])
+def conv_weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool, w: np.ndarray | None = None) -> GTensor:
+    """The (oc, ic/group, kh, kw) filters of `op` (its weight input unless `w` is given) in the weight area,
+    in the TIU's layout."""
+    w = cg.const(op.inputs[1]) if w is None else w
     packed = w.reshape(1, w.shape[0], w.shape[2], w.shape[3]) if depthwise else conv_filter(w)
     data = bf16_bits(packed) if bf16 else np.asarray(packed, np.int8)
     return cg.weights.add(f"{op.name}_filter", data, "bf16" if bf16 else "i8")
@@ -79,15 +83,43 @@ def conv2d(cg: Codegen, op: Op) -> None:
     bf16 = q.mode == "bf16"
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     w = cg.const(op.inputs[1])
-    oc, icg, kh, kw = w.shape
-    g = geometry(op, x, y, kh, kw)
+    g = geometry(op, x, y, *w.shape[2:])
     check_window(op, g)
+    _convolve(cg, op, x, y, w, g, bf16)
+
+
+@kernel("conv_transpose2d")
+def conv_transpose2d(cg: Codegen, op: Op) -> None:
+    """A stride-1 conv over the input spread by the TIU (stride - 1 zeros inserted between pixels) with the
+    flipped, channel-swapped filters and padding dilation·(k-1) - pad (+ output_padding at the end)."""
+    q = quant_of(op)
+    if q.mode not in ("int8", "bf16"):
+        raise no_kernel(op, f"conv_transpose in {q.mode} mode")
+    a = op.attrs
+    x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
+    w = transposed_conv_filter(cg.const(op.inputs[1]), a.group)
+    oc, _, kh, kw = w.shape
+    (sh, sw), (dh, dw) = a.strides, a.dilations
+    pads = conv_transpose_pads(a, kh, kw)
+    if min(pads) < 0 or max(sh, sw) > 16 or (kh - 1) * dh + 1 < sh or (kw - 1) * dw + 1 < sw:
+        raise UserError(
+            f"{op_where(op)}: pads {a.pads} larger than dilation*(kernel-1), a stride over 16 or a kernel "
+            "narrower than its stride has no cv18xx insertion form; crop or resize explicitly instead"
+        )
+    g = Geometry(kh, kw, 1, 1, dh, dw, pads, x.shape[2], x.shape[3], y.shape[2], y.shape[3], sh - 1, sw - 1)
+    check_window(op, g)
+    _convolve(cg, op, x, y, w, g, q.mode == "bf16")
+
+
+def _convolve(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: np.ndarray, g: Geometry, bf16: bool) -> None:
+    """Emit the conv of `x` with filters `w` (oc, ic/group, kh, kw) over geometry `g` into `y`."""
+    oc, icg = w.shape[:2]
     group = op.attrs.group
     params = ConvParams(cg, op, oc, bf16)
     if group > 1 and group == x.shape[1] == oc and icg == 1:
-        _depthwise(cg, op, x, y, conv_weights(cg, op, bf16, True), params, g)
+        _depthwise(cg, op, x, y, conv_weights(cg, op, bf16, True, w), params, g)
         return
-    weights = conv_weights(cg, op, bf16, False)
+    weights = conv_weights(cg, op, bf16, False, w)
     ocg = oc // group
     for gi in range(group):
         cs = (gi * icg, (gi + 1) * icg)
@@ -175,7 +207,8 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor
         lp_all = local.tensor(all_params.shape, all_params.fmt, eu_align=False)
         dma.load(s, all_params, lp_all)
     top = local.top
-    win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, (g.pads[0], _pad_bottom(g), g.pads[1], _pad_right(g)))
+    pads = (g.pads[0], _pad_bottom(g), g.pads[1], _pad_right(g))
+    win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, pads, g.ins_h, g.ins_w)
     tiles = [(o0, min(oc, o0 + tile_oc)) for o0 in range(0, oc, tile_oc)]
     set_bytes = 0
 
@@ -206,11 +239,11 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor
 
 
 def _pad_bottom(g: Geometry) -> int:
-    return max(0, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1 - g.ih - g.pads[0])
+    return max(0, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1 - g.spread_hw()[0] - g.pads[0])
 
 
 def _pad_right(g: Geometry) -> int:
-    return max(0, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - g.iw - g.pads[1])
+    return max(0, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - g.spread_hw()[1] - g.pads[1])
 
 
 def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, g: Geometry) -> None:

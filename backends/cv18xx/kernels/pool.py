@@ -2,9 +2,12 @@
 
 int8 max pooling pads with -128 and keeps the input's scale; int8 average pooling multiplies the window sum
 by an int8 constant and shifts right (multiplier and shift from the quantize pass); bf16 average pooling
-multiplies by the bf16 value of 1/(kh*kw), as the hardware has no divider. A bf16 average that excludes the
-padding then multiplies each block of output positions whose windows cover equally many input cells by the
-bf16 of kh*kw/count (a constant per block, so a few TIU ops per tile); int8 keeps the 1/(kh*kw) average.
+multiplies by the bf16 value of 1/(kh*kw), as the hardware has no divider.
+
+Where windows count fewer cells than kh*kw (the padding excluded, ONNX's default, or a ceil_mode overhang)
+the output splits into blocks of positions whose windows count equally many (interior, edges, corners):
+int8 issues one pool op per block, each with the multiplier/rshift of its count, so every output is rounded
+once; bf16 pools the whole tile by 1/(kh*kw), then multiplies each block by the bf16 of kh*kw/count.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
+from npuc.compiler.kernels.quantized.int8 import pool_requant
 
 BF16_LOWEST = 0xFF7F  # the most negative finite bf16: the max-pool pad value
 
@@ -35,8 +39,11 @@ def check_pool(op: Op, g: Geometry) -> None:
         raise UserError(f"op '{op.name}': pool pads/strides >= 16 or dilation are beyond the TIU pool fields")
 
 
-def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTensor, win: tiu.Window) -> None:
-    """The TIU ops of one pooling tile (both operands in the default local layout)."""
+def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTensor, win: tiu.Window,
+              oh0: int = 0, blocks: list[tuple[int, int, int, int, int, int]] = ()) -> None:  # fmt: skip
+    """The TIU ops of one pooling tile (both operands in the default local layout); `blocks` (int8 average
+    pools whose windows count different numbers of cells) splits it into one op per block, `oh0` being the
+    tile's first output row."""
     s = cg.stream
     bf16 = quant_of(op).mode == "bf16"
     relu, relu_max = fused_relu(op)
@@ -44,6 +51,8 @@ def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTen
         s.tiu(tiu.max_pool(out, x, win, BF16_LOWEST if bf16 else -128))
         if relu:
             s.tiu(tiu.maximum(out, out, 0))
+    elif blocks:
+        _block_pools(cg, op, g, out, x, win, oh0, blocks)
     else:
         mult, rshift = _avg_factors(op, g)
         s.tiu(tiu.avg_pool(out, x, win, mult, rshift, relu))
@@ -52,19 +61,63 @@ def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTen
 
 
 def _runs(rows: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) runs of equal consecutive rows of a 2-D array."""
-    starts = [0, *(np.nonzero(np.any(rows[1:] != rows[:-1], axis=1))[0] + 1).tolist()]
+    """[start, end) runs of equal consecutive rows of an array (compared over all trailing axes)."""
+    flat = rows.reshape(len(rows), -1)
+    starts = [0, *(np.nonzero(np.any(flat[1:] != flat[:-1], axis=1))[0] + 1).tolist()]
     return list(zip(starts, [*starts[1:], len(rows)]))
+
+
+def _blocks(table: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(row0, row1, col0, col1) blocks of an (oh, ow, ...) table, constant within each block."""
+    cols = _runs(np.swapaxes(table, 0, 1))
+    return [(r0, r1, c0, c1) for r0, r1 in _runs(table) for c0, c1 in cols]
 
 
 def exclusion_blocks(factors: np.ndarray) -> list[tuple[int, int, int, int, int]]:
     """(row0, row1, col0, col1, bf16 bits) of the output blocks whose average needs rescaling."""
-    blocks = []
-    for r0, r1 in _runs(factors):
-        for c0, c1 in _runs(factors.T):
-            if factors[r0, c0] != 1.0:
-                blocks.append((r0, r1, c0, c1, int(bf16_bits(factors[r0, c0]))))
-    return blocks
+    return [(r0, r1, c0, c1, int(bf16_bits(factors[r0, c0])))
+            for r0, r1, c0, c1 in _blocks(factors) if factors[r0, c0] != 1.0]  # fmt: skip
+
+
+def requant_blocks(multiplier: np.ndarray, rshift: np.ndarray) -> list[tuple[int, int, int, int, int, int]]:
+    """(row0, row1, col0, col1, multiplier, rshift) of the output blocks of an int8 average pool whose
+    windows count different numbers of cells: one TIU pool op each."""
+    table = np.stack([multiplier, rshift], axis=-1)
+    return [(r0, r1, c0, c1, int(multiplier[r0, c0]), int(rshift[r0, c0])) for r0, r1, c0, c1 in _blocks(table)]
+
+
+def _view(t: LTensor, rows: tuple[int, int], cols: tuple[int, int]) -> LTensor:
+    """Rows x cols of every channel of a local tensor, with its strides (an explicit-stride operand)."""
+    addr = t.addr + rows[0] * t.strides[2] + cols[0] * t.strides[3]
+    return LTensor(addr, (t.shape[0], t.shape[1], rows[1] - rows[0], cols[1] - cols[0]), t.fmt, t.strides)
+
+
+def _span(first: int, last: int, stride: int, taps: int, pad: int, size: int) -> tuple[tuple[int, int], int, int]:
+    """Input range [a, b) the outputs first..last read along one axis, and the pads before/after it."""
+    a, b = first * stride - pad, last * stride - pad + taps
+    return (max(a, 0), min(b, size)), max(0, -a), max(0, b - size)
+
+
+def _block_pools(cg: Codegen, op: Op, g: Geometry, out: LTensor, x: LTensor, win: tiu.Window, oh0: int,
+                 blocks: list[tuple[int, int, int, int, int, int]]) -> None:  # fmt: skip
+    """One int8 TIU average pool per block meeting the tile's output rows [oh0, oh0 + rows)."""
+    relu = fused_relu(op)[0]
+    top, left = win.pads[0], win.pads[2]
+    for r0, r1, c0, c1, mult, rshift in blocks:
+        lo, hi = max(r0, oh0) - oh0, min(r1, oh0 + out.shape[2]) - oh0
+        if lo >= hi:
+            continue
+        rows, up, down = _span(lo, hi - 1, g.sh, (g.kh - 1) * g.dh + 1, top, x.shape[2])
+        cols, lf, rt = _span(c0, c1 - 1, g.sw, (g.kw - 1) * g.dw + 1, left, x.shape[3])
+        if rows[0] >= rows[1] or cols[0] >= cols[1]:
+            raise UserError(
+                f"op '{op.name}': a pool window lies wholly in the padding; use pads smaller than the kernel"
+            )
+        src, dst = _view(x, rows, cols), _view(out, (lo, hi), (c0, c1))
+        block_win = tiu.Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, (up, down, lf, rt))
+        fields = tiu.avg_pool(dst, src, block_win, mult, rshift, relu)
+        fields.update({**tiu.operand("res0", dst), **tiu.operand("opd0", src)})  # sub-blocks: explicit strides
+        cg.stream.tiu(fields)
 
 
 def _rescale_tile(cg: Codegen, out: LTensor, oh0: int, blocks: list[tuple[int, int, int, int, int]]) -> None:
@@ -81,7 +134,8 @@ def _rescale_tile(cg: Codegen, out: LTensor, oh0: int, blocks: list[tuple[int, i
 
 
 def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor,
-          blocks: list[tuple[int, int, int, int, int]] = ()) -> None:  # fmt: skip
+          blocks: list[tuple[int, int, int, int, int]] = (),
+          pool_blocks: list[tuple[int, int, int, int, int, int]] = ()) -> None:  # fmt: skip
     chip = cg.chip
     fmt = x.fmt
     c = x.shape[1]
@@ -94,7 +148,7 @@ def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor,
     done = [0]  # output rows computed so far: tiles come in row order, image after image, channel tile after tile
 
     def compute(ly: LTensor, lx: LTensor, win: tiu.Window) -> None:
-        pool_tile(cg, op, mode, g, ly, lx, win)
+        pool_tile(cg, op, mode, g, ly, lx, win, done[0] % g.oh, pool_blocks)
         _rescale_tile(cg, ly, done[0] % g.oh, blocks)
         done[0] += ly.shape[2]
 
@@ -115,18 +169,25 @@ def pool_geometry(op: Op, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) ->
 
 
 def pool_supported(op: Op) -> bool:
-    """Whether one TIU pool op per tile computes the op (what a layer group fuses); a bf16 average that
-    excludes the padding also rescales blocks of each tile, which only the stand-alone kernel does."""
+    """Whether one TIU pool op per tile computes the op (what a layer group fuses). An average whose windows
+    may count fewer than kh*kw cells (padding excluded, or ceil_mode) is split into blocks of output positions
+    by the stand-alone kernel only."""
     a = op.attrs
-    return not (a.mode == "avg" and not a.count_include_pad and any(a.pads) and quant_of(op).mode == "bf16")
+    return not (a.mode == "avg" and ((not a.count_include_pad and any(a.pads)) or a.ceil_mode))
 
 
 @kernel("pool2d")
 def pool2d(cg: Codegen, op: Op) -> None:
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     g = pool_geometry(op, x.shape, y.shape)
-    factors = pad_exclusion_factors(op, x.shape[2:], y.shape[2:]) if quant_of(op).mode == "bf16" else None
-    _pool(cg, op, op.attrs.mode, g, x, y, exclusion_blocks(factors) if factors is not None else [])
+    q = quant_of(op)
+    if q.mode == "bf16":
+        factors = pad_exclusion_factors(op, x.shape[2:], y.shape[2:])
+        _pool(cg, op, op.attrs.mode, g, x, y, exclusion_blocks(factors) if factors is not None else [])
+    elif op.attrs.mode == "avg" and q.position_multiplier is not None:
+        _pool(cg, op, "avg", g, x, y, pool_blocks=requant_blocks(*pool_requant(q)))
+    else:
+        _pool(cg, op, op.attrs.mode, g, x, y)
 
 
 @kernel("global_pool")

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Geometry:
-    """A 2-D window op on an (ih, iw) input: kernel, stride, dilation, pads (top, left, bottom, right)."""
+    """A 2-D window op on an (ih, iw) input: kernel, stride, dilation, pads (top, left, bottom, right), and
+    the zeros inserted between input rows/columns (a transposed conv); pads count in the spread input."""
 
     kh: int
     kw: int
@@ -32,9 +33,20 @@ class Geometry:
     iw: int
     oh: int
     ow: int
+    ins_h: int = 0
+    ins_w: int = 0
+
+    def span(self, out_rows: int) -> int:
+        """Rows of the spread, padded input that `out_rows` output rows read."""
+        return (out_rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
 
     def rows_needed(self, out_rows: int) -> int:
-        return (out_rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
+        """Input rows `out_rows` output rows read at most (wherever they start)."""
+        return -(-self.span(out_rows) // (self.ins_h + 1))
+
+    def spread_hw(self) -> tuple[int, int]:
+        """(height, width) of the input once the zeros are inserted."""
+        return (self.ih - 1) * (self.ins_h + 1) + 1, (self.iw - 1) * (self.ins_w + 1) + 1
 
 
 @dataclass(frozen=True)
@@ -61,14 +73,17 @@ def largest_fit(limit: int, fits: Callable[[int], bool]) -> int:
 def row_tiles(g: Geometry, rows: int) -> Iterator[RowTile]:
     """Output rows in tiles of `rows`, each with the input rows it reads and the padding it needs."""
     top, left, _, right = g.pads
+    step = g.ins_h + 1  # input row i sits at row i * step of the spread input
+    spread_w = g.spread_hw()[1]
     for oh0 in range(0, g.oh, rows):
         oh1 = min(g.oh, oh0 + rows)
-        start = oh0 * g.sh - top
-        end = start + g.rows_needed(oh1 - oh0)
-        ih0, ih1 = max(0, start), min(g.ih, end)
+        start = oh0 * g.sh - top  # spread rows [start, end) are read
+        end = start + g.span(oh1 - oh0)
+        ih0, ih1 = max(0, -(-start // step)), min(g.ih, (end - 1) // step + 1)
         # the right pad covers what the last output column reads past the input
         need_w = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
-        win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, (ih0 - start, end - ih1, left, max(0, need_w - g.iw - left)))
+        pads = (ih0 * step - start, end - (ih1 - 1) * step - 1, left, max(0, need_w - spread_w - left))
+        win = Window(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, pads, g.ins_h, g.ins_w)
         yield RowTile(oh0, oh1, ih0, ih1, win)
 
 

@@ -3,8 +3,9 @@
 This is the cv18xx bf16 path (specs/cv18xx.md §4): the TIU takes bf16 operands, accumulates wider and rounds
 each op's result to the nearest even bf16; a conv/gemm bias is fp32. A conv sums its products as the TIU
 does, in float32 rounding toward zero in a fixed order (bf16_conv.py). Average pooling multiplies the window
-sum by the bf16 constant 1/(kh·kw), as the hardware has no divider; when the padding is excluded (ONNX's
-default), each output is then multiplied by the bf16 of kh·kw/(cells inside the input), rounded again.
+sum by the bf16 constant 1/(kh·kw), as the hardware has no divider; where a window counts fewer cells (the
+padding excluded, ONNX's default, or a ceil_mode overhang), the output is then multiplied by the bf16 of
+kh·kw/count, rounded again.
 Sigmoid and tanh are not the exact functions but the chip's table interpolation (bf16_lut.py); ReLU-like,
 hard-sigmoid/-swish and PReLU follow the TIU's step-by-step arithmetic (bf16_act.py). The matmul's
 accumulation is not modelled (float math).
@@ -21,9 +22,9 @@ from ..activation import apply_activation
 from ..registry import FLOAT_KERNELS, KernelFn
 from .bf16_act import prelu as prelu_steps
 from .bf16_act import tiu_activation, tiu_activation_kinds
-from .bf16_conv import conv2d_sums
+from .bf16_conv import conv2d_sums, conv_transpose2d_sums
 from .bf16_lut import slope_lookup, table_kinds
-from .int8 import window_sums
+from .int8 import window_cell_counts, window_sums
 from .registry import quant_kernel
 
 
@@ -42,28 +43,14 @@ def _with_act(op: Op, y: np.ndarray) -> np.ndarray:
     return round_to_bf16(apply_activation(round_to_bf16(y), getattr(op.attrs, "act", None)))
 
 
-def window_counts(size: int, out: int, k: int, stride: int, dilation: int, pad: int) -> np.ndarray:
-    """Per output index along one axis: how many of the window's k taps fall inside the input."""
-    taps = np.arange(out)[:, None] * stride - pad + np.arange(k)[None, :] * dilation
-    return np.count_nonzero((taps >= 0) & (taps < size), axis=1)
-
-
 def pad_exclusion_factors(op: Op, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> np.ndarray | None:
-    """(oh, ow) bf16 factors kh·kw/count that turn a kh·kw average into one over the cells inside the input;
-    None when the op includes the padding or has none (a ceil_mode overhang alone keeps the kh·kw average,
-    as the int8 path and the exact QDQ export do)."""
-    a = op.attrs
-    if a.mode != "avg" or a.count_include_pad or not any(a.pads):
+    """(oh, ow) bf16 factors kh·kw/count that turn a kh·kw average into ONNX's average over the cells it
+    counts (padding excluded, ceil_mode overhang); None when every window counts kh·kw."""
+    counts = window_cell_counts(op, in_hw, out_hw)
+    if counts is None:
         return None
-    rows, cols = (
-        window_counts(n, o, k, s, d, p)
-        for n, o, k, s, d, p in zip(in_hw, out_hw, a.kernel, a.strides, a.dilations, a.pads[:2], strict=True)
-    )
-    kh, kw = a.kernel
-    if np.all(rows == kh) and np.all(cols == kw):
-        return None
-    count = np.maximum(rows[:, None] * cols[None, :], 1).astype(np.float32)
-    return round_to_bf16(np.float32(kh * kw) / count)
+    kh, kw = op.attrs.kernel
+    return round_to_bf16(np.float32(kh * kw) / np.maximum(counts, 1).astype(np.float32))
 
 
 def pool2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -109,7 +96,14 @@ def conv2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [round_to_bf16(apply_activation(round_to_bf16(y), a.act))]
 
 
+def conv_transpose2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    bias = inputs[2] if len(inputs) > 2 else None
+    y = conv_transpose2d_sums(inputs[0], inputs[1], op.attrs, bias)
+    return [round_to_bf16(apply_activation(round_to_bf16(y), op.attrs.act))]
+
+
 _SPECIAL: dict[str, KernelFn] = {
+    "conv_transpose2d": conv_transpose2d,
     "pool2d": pool2d,
     "global_pool": global_pool,
     "activation": activation,

@@ -9,12 +9,17 @@ order and rounding agree everywhere, while round-to-nearest additions in any of 
 
 The sum depends on the order, so it loops over the kernel terms (kh·kw·ic steps), each step vectorized over
 all outputs.
+
+A transposed conv runs on the TIU as a stride-1 conv over the input with stride-1 zeros inserted between its
+pixels, the filters flipped in h and w with in/out channels swapped (`conv_transpose_as_conv`); the inserted
+zeros add exact zeros, so its sums are those of that conv in the same order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...ops import ConvTranspose2d
 from ..conv import pad_hw, windows
 
 
@@ -57,3 +62,48 @@ def conv2d_sums(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads: tu
     """The float32 sums of a bf16 conv2d (x NCHW, w (OC, C/group, KH, KW)) before the bf16 rounding."""
     win = windows(pad_hw(np.asarray(x, np.float32), pads), w.shape[2:], strides, dilations)
     return accumulate_windows(win, w, group, bias)
+
+
+def transposed_conv_filter(w: np.ndarray, group: int) -> np.ndarray:
+    """ConvTranspose filters (IC, OC/group, KH, KW) as the equivalent conv's (OC, IC/group, KH, KW): channels
+    swapped within each group, kernel flipped in h and w."""
+    ic, ocg, kh, kw = w.shape
+    wt = w.reshape(group, ic // group, ocg, kh, kw).transpose(0, 2, 1, 3, 4).reshape(group * ocg, ic // group, kh, kw)
+    return np.ascontiguousarray(wt[:, :, ::-1, ::-1])
+
+
+def conv_filter_as_transposed(w: np.ndarray, group: int) -> np.ndarray:
+    """The inverse of `transposed_conv_filter`: conv filters (OC, IC/group, KH, KW) back to (IC, OC/group, KH, KW)."""
+    oc, icg, kh, kw = w.shape
+    wt = w[:, :, ::-1, ::-1].reshape(group, oc // group, icg, kh, kw).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(wt.reshape(group * icg, oc // group, kh, kw))
+
+
+def conv_transpose_pads(a: ConvTranspose2d, kh: int, kw: int) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) pads of the equivalent conv over the spread input (negative: crop)."""
+    eh, ew = a.dilations[0] * (kh - 1), a.dilations[1] * (kw - 1)
+    top, left, bottom, right = a.pads
+    return eh - top, ew - left, eh - bottom + a.output_padding[0], ew - right + a.output_padding[1]
+
+
+def spread(x: np.ndarray, strides: tuple[int, int]) -> np.ndarray:
+    """NCHW `x` with stride-1 zeros inserted between its rows and columns."""
+    n, c, h, w = x.shape
+    sh, sw = strides
+    out = np.zeros((n, c, (h - 1) * sh + 1, (w - 1) * sw + 1), x.dtype)
+    out[:, :, ::sh, ::sw] = x
+    return out
+
+
+def conv_transpose_as_conv(x: np.ndarray, w: np.ndarray, a: ConvTranspose2d
+                           ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]]:  # fmt: skip
+    """(spread input, conv filters, pads) of the stride-1 conv (dilations a.dilations) equal to the transposed conv."""
+    return spread(x, a.strides), transposed_conv_filter(w, a.group), conv_transpose_pads(a, *w.shape[2:])
+
+
+def conv_transpose2d_sums(
+    x: np.ndarray, w: np.ndarray, a: ConvTranspose2d, bias: np.ndarray | None = None
+) -> np.ndarray:
+    """The float32 sums of a bf16 conv_transpose2d (w (IC, OC/group, KH, KW)) before the bf16 rounding."""
+    xs, wc, pads = conv_transpose_as_conv(np.asarray(x, np.float32), np.asarray(w, np.float32), a)
+    return conv2d_sums(xs, wc, (1, 1), pads, a.dilations, a.group, bias)

@@ -1,9 +1,11 @@
 """cv18xx int8 kernels: integer arithmetic exactly as the TPU computes it (specs/quant.md §1.5, cv18xx.md §4).
 
-- conv / depthwise / gemm: int32 accumulation (+ int32 bias), then per-channel (conv) or per-tensor (gemm)
-  QDM requantization `RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(acc, m), rshift)`, ReLU, clamp.
+- conv / depthwise / transposed conv / gemm: int32 accumulation (+ int32 bias), then per-channel (conv) or
+  per-tensor (gemm) QDM requantization `RoundingDivideByPOT(SaturatingRoundingDoublingHighMul(acc, m), rshift)`,
+  ReLU, clamp.
 - eltwise add/sub (MUL then MAC), max/min, concat, avg pool: int8 multipliers and one right shift that
-  rounds half up, `(Σ m_i·x_i + 2^(r-1)) >> r`, then clamp.
+  rounds half up, `(Σ m_i·x_i + 2^(r-1)) >> r`, then clamp. An avg pool whose windows count different
+  numbers of cells (padding excluded, ceil_mode overhang) has a pair per output position, from its count.
 - eltwise mul: QDM on the int16 product. Unary activations: a 256-entry int8 lookup table.
 - max pool, relu, reshape-like ops: pass-through on the codes (input and output share a threshold).
 """
@@ -22,6 +24,7 @@ from ...ir import Op
 from ...ops import pool_out_size
 from ..conv import conv2d_nchw, pad_hw, windows
 from ..registry import FLOAT_KERNELS
+from .bf16_conv import conv_transpose_as_conv
 from .params import OpQuant, op_quant
 from .registry import quant_kernel
 
@@ -54,15 +57,28 @@ def _requant_qdm(acc: np.ndarray, q: OpQuant, axis: int | None) -> np.ndarray:
     return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(acc, mult), shift)
 
 
-@quant_kernel("int8", "conv2d")
-def conv2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    a, q = op.attrs, op_quant(op)
-    x = inputs[0].astype(np.float64)
-    acc = np.rint(conv2d_nchw(x, inputs[1].astype(np.float64), a.strides, a.pads, a.dilations, a.group))
-    acc = acc.astype(np.int64)
+def _conv_output(op: Op, inputs: list[np.ndarray], sums: np.ndarray) -> list[np.ndarray]:
+    """int32 conv sums (exact in float64) plus the int32 bias, per-channel QDM, ReLU, clamp."""
+    q = op_quant(op)
+    acc = np.rint(sums).astype(np.int64)
     if len(inputs) > 2:
         acc = acc + inputs[2].astype(np.int64).reshape(1, -1, 1, 1)
     return [_finish(_requant_qdm(acc, q, 1), q, _relu(op))]
+
+
+@quant_kernel("int8", "conv2d")
+def conv2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    a = op.attrs
+    x, w = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
+    return _conv_output(op, inputs, conv2d_nchw(x, w, a.strides, a.pads, a.dilations, a.group))
+
+
+@quant_kernel("int8", "conv_transpose2d")
+def conv_transpose2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The TIU's form: a stride-1 conv over the zero-spread input with the flipped, channel-swapped filters."""
+    a = op.attrs
+    xs, wc, pads = conv_transpose_as_conv(inputs[0].astype(np.float64), inputs[1].astype(np.float64), a)
+    return _conv_output(op, inputs, conv2d_nchw(xs, wc, (1, 1), pads, a.dilations, a.group))
 
 
 def _gemm_operands(op: Op, inputs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -147,13 +163,40 @@ def window_sums(op: Op, x: np.ndarray) -> np.ndarray:
     return windows(pad_hw(x, full), a.kernel, a.strides, a.dilations).sum(axis=(4, 5))
 
 
+def window_cell_counts(op: Op, in_hw: tuple[int, int], out_hw: tuple[int, int]) -> np.ndarray | None:
+    """(oh, ow) cells each average-pool window divides by, as ONNX counts them: those inside the input, plus
+    the explicit pads when count_include_pad (a ceil_mode overhang past the pads never counts). None when
+    every window counts kh·kw, so one divisor serves the whole op."""
+    a = op.attrs
+    if op.kind != "pool2d" or a.mode != "avg":
+        return None
+    per_axis = []
+    for i in range(2):
+        begin, end = a.pads[i], a.pads[i + 2]
+        lo, hi = (-begin, in_hw[i] + end) if a.count_include_pad else (0, in_hw[i])
+        taps = np.arange(out_hw[i])[:, None] * a.strides[i] - begin + np.arange(a.kernel[i])[None, :] * a.dilations[i]
+        per_axis.append(np.count_nonzero((taps >= lo) & (taps < hi), axis=1))
+    rows, cols = per_axis
+    if np.all(rows == a.kernel[0]) and np.all(cols == a.kernel[1]):
+        return None
+    return rows[:, None] * cols[None, :]
+
+
+def pool_requant(q: OpQuant) -> tuple[np.ndarray, np.ndarray]:
+    """(multiplier, rshift) of an average pool: per output position (oh, ow) when its windows count
+    different numbers of cells, else the op's single pair."""
+    if q.position_multiplier is not None:
+        return np.asarray(q.position_multiplier), np.asarray(q.position_rshift)
+    return np.asarray(q.multiplier), np.asarray(q.rshift)
+
+
 @quant_kernel("int8", "pool2d")
 def pool2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     q = op_quant(op)
     if op.attrs.mode == "max":
         y = FLOAT_KERNELS["pool2d"](op, inputs)[0].astype(np.int64)  # pads with -128
         return [_finish(y, q, _relu(op))]
-    y = cv18xx_apply_multiplier_rshift(window_sums(op, inputs[0].astype(np.int64)), q.multiplier, q.rshift)
+    y = cv18xx_apply_multiplier_rshift(window_sums(op, inputs[0].astype(np.int64)), *pool_requant(q))
     return [_finish(y, q, _relu(op))]
 
 

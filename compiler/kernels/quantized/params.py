@@ -30,6 +30,8 @@ class OpQuant:
     float32 tensor). multiplier/rshift: per-channel QDM factors (conv/gemm), per-input int8 multipliers with
     one shared rshift (eltwise add/sub/max/min, concat), or a single pair (pool, mul). lut: 256 int8
     entries indexed by the input byte (q & 0xFF). relu_max: int8 upper clamp of a fused relu6, if any.
+    position_multiplier/position_rshift: (oh, ow) int8 pairs of an average pool whose windows count different
+    numbers of cells (one per output position, from its count); multiplier/rshift then hold the kh·kw pair.
     """
 
     mode: str
@@ -39,6 +41,8 @@ class OpQuant:
     rshift: np.ndarray | None = None
     lut: np.ndarray | None = None
     relu_max: int | None = None
+    position_multiplier: np.ndarray | None = None
+    position_rshift: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
