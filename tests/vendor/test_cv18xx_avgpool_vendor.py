@@ -19,22 +19,24 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.isa import ENGINE_TIU
-from npuc.backends.cv18xx.kernels.pool import pool_supported
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.int8 import window_cell_counts, window_sums
 from npuc.compiler.kernels.registry import FLOAT_KERNELS
+from npuc.compiler.targets import BuildRequest
+from npuc.models.netbuilder import NetBuilder
 from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
 from npuc.passes.quantize import quantize
 from onnx import TensorProto, helper
 
-from .cv18xx_build_util import build, calibrated, float_graph, generated_model, random_feeds
+from .cv18xx_build_util import build, calibrated, float_graph, generated_model, quantized_reference, random_feeds
 from .cv18xx_sim import run_vendor
 
 CHIPS = ["cv183x", "cv181x"]
@@ -205,7 +207,32 @@ def test_counts_are_onnxruntime_divisors(case: str, tmp_path: Path) -> None:
     np.testing.assert_allclose(divisors, np.broadcast_to(counts, divisors.shape), rtol=1e-5)
 
 
-def test_border_pools_stay_out_of_layer_groups(int8_models) -> None:
-    graph = _int8_graph(*int8_models["pool_avg_ceil"])
-    (op,) = [op for op in graph.ops if op.kind == "pool2d"]
-    assert not pool_supported(op)
+@pytest.mark.parametrize("quant", ["int8", "bf16"])
+@pytest.mark.parametrize("chip", CHIPS)
+def test_border_pools_in_row_tiled_layer_groups(chip: str, quant: str, tmp_path: Path) -> None:
+    """conv -> 3x3/2 average (padding excluded, ceil mode) -> conv in one group of several row tiles: each
+    tile splits its border blocks at the right rows, so grouped == ungrouped == vendor (== int8 reference)."""
+    b = NetBuilder("pool_group", np.random.default_rng(SEED))
+    pooled = b.op("AveragePool", b.conv("input", 8, 16), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0],
+                  ceil_mode=1, count_include_pad=0)  # fmt: skip
+    model = tmp_path / "pool_group.onnx"
+    onnx.save(b.build({"input": (1, 8, 318, 158)}, {"output": b.conv(pooled, 16, 8)}), model)
+    table = calibrated(model, tmp_path) if quant == "int8" else None
+    feeds = random_feeds(float_graph(model), SEED)
+    outputs = []
+    for layer_group in (True, False):
+        options = {"quant_output": True, "layer_group": layer_group}
+        request = BuildRequest(float_graph(model), model, tmp_path / "m.cvimodel", chip=chip, quant=quant,
+                               calib_table=table, options=options)  # fmt: skip
+        data, summary = compile_cvimodel(request)
+        path = tmp_path / f"{layer_group}.cvimodel"
+        path.write_bytes(data)
+        if layer_group:
+            assert summary["grouped_ops"] == 3 and summary["group_tiles"] > 2
+        ((name, value),) = run_cvimodel(read_cvimodel(path), feeds).items()
+        assert _same(value, run_vendor(path, feeds)[name].reshape(value.shape))
+        outputs.append(value)
+    assert _same(outputs[0], outputs[1])
+    if quant == "int8":
+        reference = quantized_reference(model, table, feeds)["output_i8"]
+        assert np.array_equal(outputs[0].ravel(), reference.ravel())

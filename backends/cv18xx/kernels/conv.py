@@ -150,7 +150,8 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
         local.reset()
         lw, lp = _load_filter_tile(cg, local, w, params, oc_base, (o0, o1), g, ic)
 
-        def compute(ly: LTensor, lx: LTensor, win: tiu.Window, lw: LTensor = lw, lp: LTensor | None = lp) -> None:
+        def compute(ly: LTensor, lx: LTensor, win: tiu.Window, _row: int, lw: LTensor = lw,
+                    lp: LTensor | None = lp) -> None:  # fmt: skip
             s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
             if relu_max is not None:
                 s.tiu(tiu.minimum(ly, ly, relu_max))
@@ -272,7 +273,8 @@ def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: 
             lp = local.tensor(ptile.shape, ptile.fmt, eu_align=False)
             dma.load(s, ptile, lp)
 
-        def compute(ly: LTensor, lx: LTensor, win: tiu.Window, lw: LTensor = lw, lp: LTensor | None = lp) -> None:
+        def compute(ly: LTensor, lx: LTensor, win: tiu.Window, _row: int, lw: LTensor = lw,
+                    lp: LTensor | None = lp) -> None:  # fmt: skip
             s.tiu(tiu.depthwise(ly, lx, lw, lp, win, relu, params.has_bias))
             if relu_max is not None:
                 s.tiu(tiu.minimum(ly, ly, relu_max))

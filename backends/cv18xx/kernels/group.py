@@ -31,7 +31,7 @@ from npuc.backends.cv18xx.kernels.elementwise import (
     relu_like_ok,
 )
 from npuc.backends.cv18xx.kernels.lut import lookup, replicated_table, table_shape
-from npuc.backends.cv18xx.kernels.pool import check_pool, pool_geometry, pool_supported, pool_tile
+from npuc.backends.cv18xx.kernels.pool import borders, check_pool, pool_geometry, pool_tile
 from npuc.backends.cv18xx.kernels.prelu import compute_prelu
 from npuc.backends.cv18xx.kernels.prelu import constants as prelu_constants
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline
@@ -143,13 +143,15 @@ def _pool_joins(cg: Codegen, op: Op) -> bool:
         check_pool(op, _pool_geometry(cg, op))
     except UserError:
         return False
-    return op.attrs.mode in ("max", "avg") and pool_supported(op)
+    return op.attrs.mode in ("max", "avg")
 
 
 def _pool_emit(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], reads: list[Read], res: list[LTensor],
                new_tile: Callable[[], LTensor]) -> None:  # fmt: skip
     g = _pool_geometry(cg, op)
-    pool_tile(cg, op, op.attrs.mode, g, out, ins[0], _tile_window(g, reads[0]))
+    first_row = (reads[0].wanted[0] + g.pads[0]) // g.sh  # the read starts at first_row * stride - pad_top
+    edges = borders(op, cg.graph.shape(op.inputs[0]), cg.graph.shape(op.outputs[0]))
+    pool_tile(cg, op, op.attrs.mode, g, out, ins[0], _tile_window(g, reads[0]), first_row, edges)
 
 
 def _eltwise_joins(cg: Codegen, op: Op) -> bool:

@@ -12,6 +12,8 @@ once; bf16 pools the whole tile by 1/(kh*kw), then multiplies each block by the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from npuc.backends.cv18xx import tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
@@ -39,11 +41,35 @@ def check_pool(op: Op, g: Geometry) -> None:
         raise UserError(f"op '{op.name}': pool pads/strides >= 16 or dilation are beyond the TIU pool fields")
 
 
+@dataclass(frozen=True)
+class Borders:
+    """Where an average pool's windows count fewer than kh*kw cells: int8 pools each block of output positions
+    with its own (multiplier, rshift); bf16 multiplies each block by the bf16 of kh*kw/count after the pool."""
+
+    pools: tuple[tuple[int, int, int, int, int, int], ...] = ()  # (row0, row1, col0, col1, multiplier, rshift)
+    rescales: tuple[tuple[int, int, int, int, int], ...] = ()  # (row0, row1, col0, col1, bf16 bits)
+
+
+NO_BORDERS = Borders()
+
+
+def borders(op: Op, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) -> Borders:
+    """The blocks of a pool whose windows count different numbers of cells (none for max or full windows)."""
+    q = quant_of(op)
+    if op.kind != "pool2d" or op.attrs.mode != "avg":
+        return NO_BORDERS
+    if q.mode == "bf16":
+        factors = pad_exclusion_factors(op, x_shape[2:], y_shape[2:])
+        return NO_BORDERS if factors is None else Borders(rescales=tuple(exclusion_blocks(factors)))
+    if q.position_multiplier is None:
+        return NO_BORDERS
+    return Borders(pools=tuple(requant_blocks(*pool_requant(q))))
+
+
 def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTensor, win: tiu.Window,
-              oh0: int = 0, blocks: list[tuple[int, int, int, int, int, int]] = ()) -> None:  # fmt: skip
-    """The TIU ops of one pooling tile (both operands in the default local layout); `blocks` (int8 average
-    pools whose windows count different numbers of cells) splits it into one op per block, `oh0` being the
-    tile's first output row."""
+              oh0: int = 0, edges: Borders = NO_BORDERS) -> None:  # fmt: skip
+    """The TIU ops of one pooling tile (both operands in the default local layout) whose first output row is
+    `oh0`; `edges` splits an average pool into blocks (see Borders)."""
     s = cg.stream
     bf16 = quant_of(op).mode == "bf16"
     relu, relu_max = fused_relu(op)
@@ -51,11 +77,12 @@ def pool_tile(cg: Codegen, op: Op, mode: str, g: Geometry, out: LTensor, x: LTen
         s.tiu(tiu.max_pool(out, x, win, BF16_LOWEST if bf16 else -128))
         if relu:
             s.tiu(tiu.maximum(out, out, 0))
-    elif blocks:
-        _block_pools(cg, op, g, out, x, win, oh0, blocks)
+    elif edges.pools:
+        _block_pools(cg, op, g, out, x, win, oh0, edges.pools)
     else:
         mult, rshift = _avg_factors(op, g)
         s.tiu(tiu.avg_pool(out, x, win, mult, rshift, relu))
+    _rescale_tile(cg, out, oh0, edges.rescales)
     if relu_max is not None:
         s.tiu(tiu.minimum(out, out, relu_max))
 
@@ -99,7 +126,7 @@ def _span(first: int, last: int, stride: int, taps: int, pad: int, size: int) ->
 
 
 def _block_pools(cg: Codegen, op: Op, g: Geometry, out: LTensor, x: LTensor, win: tiu.Window, oh0: int,
-                 blocks: list[tuple[int, int, int, int, int, int]]) -> None:  # fmt: skip
+                 blocks: tuple[tuple[int, int, int, int, int, int], ...]) -> None:  # fmt: skip
     """One int8 TIU average pool per block meeting the tile's output rows [oh0, oh0 + rows)."""
     relu = fused_relu(op)[0]
     top, left = win.pads[0], win.pads[2]
@@ -120,7 +147,7 @@ def _block_pools(cg: Codegen, op: Op, g: Geometry, out: LTensor, x: LTensor, win
         cg.stream.tiu(fields)
 
 
-def _rescale_tile(cg: Codegen, out: LTensor, oh0: int, blocks: list[tuple[int, int, int, int, int]]) -> None:
+def _rescale_tile(cg: Codegen, out: LTensor, oh0: int, blocks: tuple[tuple[int, int, int, int, int], ...]) -> None:
     """Multiply the blocks that meet output rows [oh0, oh0 + rows) of a tile by their constants."""
     oh1 = oh0 + out.shape[2]
     e = out.esz
@@ -133,9 +160,7 @@ def _rescale_tile(cg: Codegen, out: LTensor, oh0: int, blocks: list[tuple[int, i
         cg.stream.tiu(tiu.mul(view, view, bits))
 
 
-def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor,
-          blocks: list[tuple[int, int, int, int, int]] = (),
-          pool_blocks: list[tuple[int, int, int, int, int, int]] = ()) -> None:  # fmt: skip
+def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor, edges: Borders = NO_BORDERS) -> None:
     chip = cg.chip
     fmt = x.fmt
     c = x.shape[1]
@@ -145,12 +170,9 @@ def _pool(cg: Codegen, op: Op, mode: str, g: Geometry, x: GTensor, y: GTensor,
     while tile_c > chip.lanes and local_bytes(chip, (1, tile_c, min(g.ih, g.rows_needed(1)), g.iw), fmt) + \
             local_bytes(chip, (1, tile_c, 1, g.ow), fmt) > chip.lmem_size:  # fmt: skip
         tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
-    done = [0]  # output rows computed so far: tiles come in row order, image after image, channel tile after tile
 
-    def compute(ly: LTensor, lx: LTensor, win: tiu.Window) -> None:
-        pool_tile(cg, op, mode, g, ly, lx, win, done[0] % g.oh, pool_blocks)
-        _rescale_tile(cg, ly, done[0] % g.oh, blocks)
-        done[0] += ly.shape[2]
+    def compute(ly: LTensor, lx: LTensor, win: tiu.Window, oh0: int) -> None:
+        pool_tile(cg, op, mode, g, ly, lx, win, oh0, edges)
 
     for c0 in range(0, c, tile_c):
         cs = (c0, min(c, c0 + tile_c))
@@ -168,26 +190,11 @@ def pool_geometry(op: Op, x_shape: tuple[int, ...], y_shape: tuple[int, ...]) ->
     return Geometry(*a.kernel, *a.strides, *a.dilations, (top, left, bottom, right), ih, iw, oh, ow)
 
 
-def pool_supported(op: Op) -> bool:
-    """Whether one TIU pool op per tile computes the op (what a layer group fuses). An average whose windows
-    may count fewer than kh*kw cells (padding excluded, or ceil_mode) is split into blocks of output positions
-    by the stand-alone kernel only."""
-    a = op.attrs
-    return not (a.mode == "avg" and ((not a.count_include_pad and any(a.pads)) or a.ceil_mode))
-
-
 @kernel("pool2d")
 def pool2d(cg: Codegen, op: Op) -> None:
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     g = pool_geometry(op, x.shape, y.shape)
-    q = quant_of(op)
-    if q.mode == "bf16":
-        factors = pad_exclusion_factors(op, x.shape[2:], y.shape[2:])
-        _pool(cg, op, op.attrs.mode, g, x, y, exclusion_blocks(factors) if factors is not None else [])
-    elif op.attrs.mode == "avg" and q.position_multiplier is not None:
-        _pool(cg, op, "avg", g, x, y, pool_blocks=requant_blocks(*pool_requant(q)))
-    else:
-        _pool(cg, op, op.attrs.mode, g, x, y)
+    _pool(cg, op, op.attrs.mode, g, x, y, borders(op, x.shape, y.shape))
 
 
 @kernel("global_pool")

@@ -94,10 +94,11 @@ def stream_rows(
     g: Geometry,
     x: GTensor,
     y: GTensor,
-    compute: Callable[[LTensor, LTensor, Window], None],
+    compute: Callable[[LTensor, LTensor, Window, int], None],
 ) -> None:
     """Produce `y` (one channel tile) from `x` in the largest row tiles that fit above `local.top` (where the
-    op's weights already sit): load the rows each tile reads, `compute(out_tile, in_tile, window)`, store.
+    op's weights already sit): load the rows each tile reads, `compute(out_tile, in_tile, window, first_row)`
+    (first_row: the tile's first output row), store.
 
     Tiles alternate between two buffer sets when that costs at most one extra tile, so the next tile's load
     and the last tile's store run while this tile computes."""
@@ -131,7 +132,7 @@ def stream_rows(
     def compute_and_store(j: int) -> None:
         b, tile = tiles[j]
         lx, ly = buffers(j)
-        compute(ly, lx, tile.window)
+        compute(ly, lx, tile.window, tile.oh0)
         dma.store(cg.stream, ly, y.slice(n=(b, b + 1), h=(tile.oh0, tile.oh1)))
 
     pipeline(len(tiles), copies, load, compute_and_store)
