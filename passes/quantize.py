@@ -220,33 +220,19 @@ def _thresholds(ctx: QuantContext, op: Op, names: Iterable[str]) -> list[float] 
 
 
 def _int8_conv(ctx: QuantContext, op: Op) -> Lowered | None:
+    """Per output channel of the conv the TIU runs. A transposed conv runs as a conv with flipped,
+    channel-swapped filters; its int8 filters are stored back in the ConvTranspose layout (IC, OC/group, KH, KW)."""
     g = ctx.graph
     th = _thresholds(ctx, op, [op.inputs[0], op.outputs[0]])
     weight = g.const(op.inputs[1])
     bias = g.const(op.inputs[2]) if len(op.inputs) > 2 else None
     if th is None or weight is None or (len(op.inputs) > 2 and bias is None) or not _int8_act_ok(op):
         return None
+    transposed = op.kind == "conv_transpose2d"
+    if transposed:
+        weight = transposed_conv_filter(weight, op.attrs.group)
     p = cv18xx_quantize_conv(weight, bias, th[0], th[1])
-    inputs = [ctx.as_int8(op.inputs[0]), ctx.const(f"{op.inputs[1]}_int8", p.weight, None)]
-    if p.bias is not None:
-        inputs.append(ctx.const(f"{op.inputs[2]}_int32", p.bias, None))
-    q = OpQuant("int8", (int8_params(th[0]),), int8_params(th[1]), p.multiplier, p.rshift)
-    q.relu_max = _relu_max(ops.fused_act(op), th[1])
-    return Lowered(inputs, q)
-
-
-def _int8_conv_transpose(ctx: QuantContext, op: Op) -> Lowered | None:
-    """Quantized per output channel as the conv the TIU runs (flipped, channel-swapped filters); the int8
-    filters are stored back in the ConvTranspose layout (IC, OC/group, KH, KW)."""
-    g = ctx.graph
-    th = _thresholds(ctx, op, [op.inputs[0], op.outputs[0]])
-    weight = g.const(op.inputs[1])
-    bias = g.const(op.inputs[2]) if len(op.inputs) > 2 else None
-    if th is None or weight is None or (len(op.inputs) > 2 and bias is None) or not _int8_act_ok(op):
-        return None
-    group = op.attrs.group
-    p = cv18xx_quantize_conv(transposed_conv_filter(weight, group), bias, th[0], th[1])
-    w_q = conv_filter_as_transposed(p.weight, group)
+    w_q = conv_filter_as_transposed(p.weight, op.attrs.group) if transposed else p.weight
     inputs = [ctx.as_int8(op.inputs[0]), ctx.const(f"{op.inputs[1]}_int8", w_q, None)]
     if p.bias is not None:
         inputs.append(ctx.const(f"{op.inputs[2]}_int32", p.bias, None))
@@ -407,7 +393,7 @@ CV18XX_INT8_RULES: Mapping[str, Rule] = MappingProxyType(
     {
         "prelu": _int8_prelu,
         "conv2d": _int8_conv,
-        "conv_transpose2d": _int8_conv_transpose,
+        "conv_transpose2d": _int8_conv,
         "gemm": _int8_gemm,
         "matmul": _int8_gemm,
         "eltwise": _int8_eltwise,
