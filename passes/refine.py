@@ -14,6 +14,13 @@ give it, and is fitted to the float network's result (its pre-activation output)
   output channel's system; the ridge pulls towards the original weights (`ridge` × the mean diagonal of
   AᵀA), which matters where samples are few (1x1 convs on pooled features, FC). The refitted weights then
   go on their int8 grid and a bias correction absorbs the mean error that rounding adds.
+- `gptq`: as `weights`, but the refitted weights are placed on their int8 grid row by row with the rounding
+  error compensated through the layer's Hessian (passes/gptq.py) instead of rounded to nearest.
+- a `+views` suffix (`weights+views`, `gptq+views`) fits on the samples plus passes/augment.py's crops,
+  rescales and tone changes of them (5x the samples, 5x the time).
+
+Only `bias` and `weights` are offered to users (`METHODS`); the others are kept for bench/accuracy.py, where
+they measured no better than `weights` on PP-LCNet (its docstring has the numbers).
 
 Grouped convs that are not depthwise and matmuls whose weight is not constant are left as they are.
 """
@@ -28,9 +35,12 @@ import numpy as np
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.conv import conv2d_nchw, pad_hw, windows
+from npuc.passes.augment import augment_feeds
+from npuc.passes.gptq import round_refit
 from npuc.passes.qsim import Simulator, depthwise_conv, is_depthwise, output_cosines, stack_feeds
 
-METHODS = ("bias", "weights")
+METHODS = ("bias", "weights")  # what `npuc calibrate --refine` offers
+BENCH_METHODS = ("gptq", "weights+views", "gptq+views")  # measured, no better than "weights" (module docstring)
 DEFAULT_RIDGE = 0.1  # chosen by calibration-only cross-validation (bench/accuracy.py docstring)
 CHUNK_ELEMENTS = 1 << 22  # floats per im2col block when accumulating normal equations
 
@@ -162,23 +172,30 @@ def _normal_equations_depthwise(op: Op, x: np.ndarray, y: np.ndarray, w: np.ndar
     return ata, aty[..., 0]
 
 
-def _ridge_solve(ata: np.ndarray, aty: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
-    """argmin ‖Aθ − y‖² + λ‖θ − prior‖², λ = ridge · mean diagonal of AᵀA (per system)."""
+def _ridge_solve(ata: np.ndarray, aty: np.ndarray, prior: np.ndarray, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    """argmin ‖Aθ − y‖² + λ‖θ − prior‖², λ = ridge · mean diagonal of AᵀA (per system), and the system's
+    matrix AᵀA + λI (the Hessian that passes/gptq.py rounds against)."""
     n = ata.shape[-1]
     lam = ridge * np.trace(ata, axis1=-2, axis2=-1) / n + 1e-12
     eye = np.eye(n)
     if ata.ndim == 3:  # depthwise: one system per channel, prior (C, K+1)
         lhs = ata + lam[:, None, None] * eye
-        return np.linalg.solve(lhs, (aty + lam[:, None] * prior)[..., None])[..., 0]
-    return np.linalg.solve(ata + lam * eye, aty + lam * prior)
+        return np.linalg.solve(lhs, (aty + lam[:, None] * prior)[..., None])[..., 0], lhs
+    lhs = ata + lam * eye
+    return np.linalg.solve(lhs, aty + lam * prior), lhs
 
 
-def reconstruct(op: Op, x_q: np.ndarray, y_f: np.ndarray, w: np.ndarray, b: np.ndarray, ridge: float):  # noqa: ANN201
-    """Ridge least-squares weights and bias mapping the quantized input `x_q` to the float output `y_f`."""
+def reconstruct(  # noqa: ANN201
+    op: Op, x_q: np.ndarray, y_f: np.ndarray, w: np.ndarray, b: np.ndarray, ridge: float, rounding: bool = False
+):
+    """Ridge least-squares weights and bias mapping the quantized input `x_q` to the float output `y_f`;
+    with `rounding`, the weights already on their int8 grid, rounding error compensated (passes/gptq.py)."""
     if op.kind == "conv2d" and is_depthwise(op, w):
         ata, aty = _normal_equations_depthwise(op, x_q, y_f, w)
         prior = np.concatenate([w.reshape(w.shape[0], -1), b.reshape(-1, 1)], axis=1).astype(np.float64)
-        theta = _ridge_solve(ata, aty, prior, ridge)
+        theta, lhs = _ridge_solve(ata, aty, prior, ridge)
+        if rounding:  # one system per channel, one output each
+            theta = round_refit(lhs, theta[..., None], per_tensor=False)[..., 0]
         return theta[:, :-1].reshape(w.shape).astype(np.float32), theta[:, -1].astype(np.float32)
     ata, aty = _normal_equations_dense(op, x_q, y_f, w)
     if op.kind == "conv2d":
@@ -186,7 +203,9 @@ def reconstruct(op: Op, x_q: np.ndarray, y_f: np.ndarray, w: np.ndarray, b: np.n
     else:
         prior_w = _as_matrix(op, w)
     prior = np.concatenate([prior_w, b.reshape(1, -1)], axis=0).astype(np.float64)
-    theta = _ridge_solve(ata, aty, prior, ridge)
+    theta, lhs = _ridge_solve(ata, aty, prior, ridge)
+    if rounding:  # FC weights share one scale (weight_grid), conv weights one per output channel
+        theta = round_refit(lhs[None], theta[None], per_tensor=op.kind != "conv2d")[0]
     new_w = theta[:-1].T.reshape(w.shape) if op.kind == "conv2d" else _from_matrix(op, theta[:-1])
     return new_w.astype(np.float32), theta[-1].astype(np.float32).reshape(b.shape)
 
@@ -198,14 +217,18 @@ def refine_weights(
     method: str = "weights",
     ridge: float = DEFAULT_RIDGE,
 ) -> RefineResult:
-    """Bias correction (`method="bias"`) or weight reconstruction plus bias correction (`"weights"`) of every
-    refinable conv / FC of `graph`, fitted on `feeds` (calibration samples) under `thresholds`."""
-    if method not in METHODS:
-        raise UserError(f"refinement method '{method}' is not one of {', '.join(METHODS)}")
+    """Bias correction (`method="bias"`), weight reconstruction plus bias correction (`"weights"`), or one of
+    `BENCH_METHODS` (module docstring) applied to every refinable conv / FC of `graph`, fitted on `feeds`
+    (calibration samples) under `thresholds`."""
+    if method not in METHODS + BENCH_METHODS:
+        raise UserError(f"refinement method '{method}' is not one of {', '.join(METHODS + BENCH_METHODS)}")
     if not feeds:
         raise UserError("refinement needs calibration samples; pass at least one")
     if not 0.0 <= ridge < float("inf"):
         raise UserError(f"refinement ridge {ridge} must be a finite number >= 0 (default {DEFAULT_RIDGE})")
+    fit, _, extra = method.partition("+")
+    if extra == "views":  # fit on the samples and their crops / rescales / tone changes
+        feeds = augment_feeds(feeds)
     biases = {op.name: bias_name(graph, op) for op in graph.ops if _refinable(graph, op)}
     zero = {
         name: np.zeros(out_channels(op, graph.const(op.inputs[1])), np.float32)
@@ -228,8 +251,8 @@ def refine_weights(
             shape = b.shape
             y_f = linear(op, f_env[op.inputs[0]], w, b)
             x_q = q_env[op.inputs[0]]
-            if method == "weights":
-                w, b = reconstruct(op, x_q, y_f, w, b, ridge)
+            if fit != "bias":
+                w, b = reconstruct(op, x_q, y_f, w, b, ridge, rounding=fit == "gptq")
                 sim.set_weight(op.inputs[1], w)
                 constants[op.inputs[1]] = w
             y_q = linear(op, x_q, sim.constant(op, 1, True), b)
