@@ -275,21 +275,19 @@ def _assemble(
     schema = model_schema()
     routine_types = schema.enums["RoutineType"].values
     routines = []
+
+    def cpu_routine(op: Op, function: str, args: bytes) -> Any:
+        return schema.new(
+            "Routine",
+            type=routine_types["CPU"],
+            in_tensors=[op.inputs[0]],
+            out_tensors=[op.outputs[0]],
+            cpu_routine=schema.new("CpuRoutine", function_section=function, function_args=args),
+        )
+
     for op in cpu_ops:
         scale = 127.0 / g.tensors[op.outputs[0]].quant.threshold
-        routines.append(
-            schema.new(
-                "Routine",
-                type=routine_types["CPU"],
-                in_tensors=[op.inputs[0]],
-                out_tensors=[op.outputs[0]],
-                cpu_routine=schema.new(
-                    "CpuRoutine",
-                    function_section="quant",
-                    function_args=_cpu_args(**{"from": "FP32", "scale": scale, "to": "INT8"}),
-                ),
-            )
-        )
+        routines.append(cpu_routine(op, "quant", _cpu_args(**{"from": "FP32", "scale": scale, "to": "INT8"})))
     produced = {out for op in tpu_ops for out in op.outputs}
     tpu_inputs = sorted({n for op in tpu_ops for n in op.inputs if n and n not in produced and n in cg.fmt},
                         key=lambda n: list(g.tensors).index(n))  # fmt: skip
@@ -304,15 +302,7 @@ def _assemble(
     )
     for op in tail_ops:
         axis = op.attrs.axis % len(g.shape(op.inputs[0]))
-        routines.append(
-            schema.new(
-                "Routine",
-                type=routine_types["CPU"],
-                in_tensors=[op.inputs[0]],
-                out_tensors=[op.outputs[0]],
-                cpu_routine=schema.new("CpuRoutine", function_section="softmax", function_args=_cpu_args(axis=axis)),
-            )
-        )
+        routines.append(cpu_routine(op, "softmax", _cpu_args(axis=axis)))
     names = [*inputs, *(o for op in [*cpu_ops, *tpu_ops, *tail_ops] for o in op.outputs)]
     tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs) for n in dict.fromkeys(names)]
     weight_map = [
