@@ -202,21 +202,39 @@ class ChannelSplit:
     graph: Graph
     groups: dict[str, list[str]] = field(default_factory=dict)  # original tensor -> its group tensors
     partials: dict[str, list[str]] = field(default_factory=dict)  # summed tensor -> its partial conv outputs
+    groupings: dict[str, list[np.ndarray]] = field(default_factory=dict)  # what `apply_groupings` replays
 
 
-def split_runs(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) -> ChannelSplit:
-    """`split_channel_groups` with the origin of every new tensor."""
+Groupings = dict[str, list[np.ndarray]]  # run start conv -> channel indices of each group
+
+
+def plan_groupings(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) -> Groupings:
+    """One grouping per run of `find_runs(graph)` (`run_grouping`), for runs that split into 2+ groups."""
     if k < 1:
         raise UserError(f"channel split: k={k} groups; use k >= 1")
     plan = find_runs(graph) if k > 1 else RunPlan()
-    out_groups: dict[str, list[np.ndarray]] = {}
-    in_groups: dict[str, list[np.ndarray]] = {}
-    member_groups: dict[str, list[np.ndarray]] = {}
-    for run in plan.runs:
-        idx = run_grouping(run, peaks, k)
-        if len(idx) < 2:
-            continue
-        out_groups[run.start.name] = idx
+    planned = {run.start.name: run_grouping(run, peaks, k) for run in plan.runs}
+    return {name: idx for name, idx in planned.items() if len(idx) >= 2}
+
+
+def apply_groupings(
+    graph: Graph, groupings: Mapping[str, list[np.ndarray]], where: str = "channel split"
+) -> ChannelSplit:
+    """The split graph for `groupings` (as `plan_groupings` made them, e.g. read back from a side file); each
+    must name a run start of `graph` and partition its channels, else a UserError (made for another model)."""
+    runs = {run.start.name: run for run in find_runs(graph).runs}
+    out_groups: Groupings = {}
+    in_groups: Groupings = {}
+    member_groups: Groupings = {}
+    for name, idx in groupings.items():
+        run = runs.get(name)
+        every = np.sort(np.concatenate(idx)) if idx else np.zeros(0, np.int64)
+        if run is None or len(idx) < 2 or not np.array_equal(every, np.arange(run.channels)):
+            what = "has no channel run starting" if run is None else f"cannot split the {run.channels} channels"
+            raise UserError(
+                f"{where}: the model {what} at '{name}'; the split was made for another model, calibrate again"
+            )
+        out_groups[name] = idx
         in_groups[run.consumer.name] = idx
         member_groups.update({op.name: idx for op in run.members})
     if not out_groups:
@@ -231,7 +249,12 @@ def split_runs(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) -> Channel
             rw.keep(op)
     rw.out.prune()
     rw.out.verify()
-    return ChannelSplit(rw.out, rw.groups, rw.partials)
+    return ChannelSplit(rw.out, rw.groups, rw.partials, dict(groupings))
+
+
+def split_runs(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) -> ChannelSplit:
+    """`split_channel_groups` with the origin of every new tensor."""
+    return apply_groupings(graph, plan_groupings(graph, peaks, k))
 
 
 def split_channel_groups(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) -> Graph:
@@ -289,3 +312,15 @@ def kl_thresholds(
     if missing:
         raise UserError(f"channel split: tensors {missing[:4]} are not op outputs of the graph; nothing to calibrate")
     return found
+
+
+def split_thresholds(
+    graph: Graph, split: ChannelSplit, thresholds: Mapping[str, float], feeds: Sequence[Mapping[str, np.ndarray]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(threshold, absmax) of every tensor the split of `graph` made: group tensors from their original's
+    threshold (`group_thresholds`), the partial sums and their adds by KL; absmax from a float run."""
+    peaks = channel_peaks(split.graph, feeds)
+    made = group_thresholds(split, thresholds, peaks)
+    new = [n for op in split.graph.ops for n in op.outputs if n not in graph.tensors and n not in made]
+    made.update(kl_thresholds(split.graph, feeds, new))
+    return made, {n: float(np.max(peaks[n])) for n in made}

@@ -93,7 +93,7 @@ def test_weight_reconstruction_and_its_side_file(accuracy, data, measured, tmp_p
     """Method 3 of the bench (the best honest one): conv / FC weights refitted to the quantized activations of
     the calibration pictures; same integer format, evaluated by the int8 reference interpreter."""
     from npuc.passes.refine import refine_weights
-    from npuc.passes.refinement import apply_refinement, load_refinement, save_refinement
+    from npuc.passes.refinement import Refinement, apply_refinement, load_refinement, save_refinement
 
     model, _, feeds, calib, table, ref = data
     graph, thresholds = accuracy.float_ir(model, table)
@@ -107,7 +107,7 @@ def test_weight_reconstruction_and_its_side_file(accuracy, data, measured, tmp_p
     assert refit.mean_cosine == pytest.approx(REFIT_COSINE, abs=2e-3)
     assert refit.mean_cosine > plain.mean_cosine + 0.02
     # the side file a build would read gives the same integer network, bit for bit
-    save_refinement(tmp_path / "pplcnet.cali.refine.npz", result.constants)
+    save_refinement(tmp_path / "pplcnet.cali.refine.npz", Refinement(result.constants))
     again = apply_refinement(graph, load_refinement(tmp_path / "pplcnet.cali.refine.npz"))
     np.testing.assert_array_equal(accuracy.graph_int8_outputs(again, thresholds, feeds), got)
 

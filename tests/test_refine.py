@@ -28,7 +28,7 @@ from npuc.passes.qsim import (
     weight_grid,
 )
 from npuc.passes.refine import linear, reconstruct, refine_weights
-from npuc.passes.refinement import apply_refinement, encode_refinement, load_refinement, save_refinement
+from npuc.passes.refinement import Refinement, apply_refinement, encode_refinement, load_refinement, save_refinement
 from npuc.passes.threshold_search import candidate_thresholds, search_thresholds
 
 
@@ -147,19 +147,21 @@ def test_refinement_file_round_trip_and_checks(tmp_path) -> None:  # noqa: ANN00
     result = refine_weights(graph, max_abs_thresholds(graph, feeds), feeds, "weights")
     op = graph.ops[0]
     assert sorted(result.constants) == sorted([op.inputs[1], f"{op.name}_refined_bias"])
-    data = encode_refinement(result.constants)
-    assert data == encode_refinement(dict(reversed(list(result.constants.items()))))  # deterministic
+    data = encode_refinement(Refinement(result.constants))
+    assert data == encode_refinement(Refinement(dict(reversed(list(result.constants.items())))))  # deterministic
     path = tmp_path / "model.cali.refine.npz"
-    save_refinement(path, result.constants)
+    save_refinement(path, Refinement(result.constants))
     assert path.read_bytes() == data
     loaded = load_refinement(path)
+    assert loaded.groupings == {}
     refined = apply_refinement(graph, loaded)
     assert refined.ops[0].inputs[2] == f"{op.name}_refined_bias"
     np.testing.assert_array_equal(refined.const(op.inputs[1]), result.constants[op.inputs[1]])
     with pytest.raises(UserError, match="another model"):
         apply_refinement(_graph("conv_basic"), loaded)
     with pytest.raises(UserError, match="another model"):  # a bias of the wrong length
-        apply_refinement(graph, {**loaded, f"{op.name}_refined_bias": np.zeros(3, np.float32)})
+        bad_bias = {**loaded.constants, f"{op.name}_refined_bias": np.zeros(3, np.float32)}
+        apply_refinement(graph, Refinement(bad_bias))
     (tmp_path / "bad.npz").write_bytes(data[: len(data) // 2])
     with pytest.raises(UserError, match="not a readable refinement file"):
         load_refinement(tmp_path / "bad.npz")
@@ -186,7 +188,7 @@ def test_calibrate_refine_option(tmp_path) -> None:  # noqa: ANN001
     assert sorted(result.refinement.constants) == sorted(
         ["conv_3_weight_bn", "conv_3_bias_bn", "w_11", "b_12", "fc_w_18", "fc_b_19"]
     )
-    refined = apply_refinement(graph, result.refinement.constants)
+    refined = apply_refinement(graph, Refinement(result.refinement.constants))
     assert not np.array_equal(refined.const("w_11"), graph.const("w_11"))
     with pytest.raises(UserError, match="--refine 'adaround' is not one of"):
         CalibrationOptions(refine="adaround")

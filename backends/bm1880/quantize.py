@@ -31,6 +31,8 @@ def runs_on_host(op: Op) -> bool:
     if op.kind == "activation":
         return op.attrs.act.kind in HOST_TAIL_ACTIVATIONS
     return op.kind in HOST_TAIL_KINDS
+
+
 MAX_PAD = 15  # 4-bit pad and stride fields of the BD (specs/bm1880.md §2.5)
 
 

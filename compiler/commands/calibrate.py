@@ -29,7 +29,7 @@ from npuc.passes.calibrate import CalibrationOptions, calibrate, merge_stats_fil
 from npuc.passes.calitable import CalibrationTable, write_table
 from npuc.passes.histogram import DEFAULT_BINS, load_stats, save_stats
 from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
-from npuc.passes.refinement import save_refinement, side_file
+from npuc.passes.refinement import Refinement, save_refinement, side_file
 from typer.core import TyperGroup
 
 DEFAULT_COMMAND = "run"
@@ -152,11 +152,21 @@ def register(app: typer.Typer) -> None:
                 "`build --calib TABLE` applies it.",
             ),
         ] = "",
-        refine_samples: Annotated[int, typer.Option("--refine-samples", help="Samples --refine uses.")] = 100,
+        refine_samples: Annotated[
+            int, typer.Option("--refine-samples", help="Samples --refine and --split-channels use.")
+        ] = 100,
+        split_channels: Annotated[
+            int,
+            typer.Option(
+                "--split-channels",
+                help="Split per-channel conv runs into up to K channel groups, each its own int8 tensor (e.g. 3); "
+                "the split is written beside the table as TABLE.refine.npz and replayed by `build --calib TABLE`.",
+            ),
+        ] = 0,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
-        if refine and output is None:
-            raise UserError("--refine writes its file beside the table; give -o TABLE")
+        if (refine or split_channels > 1) and output is None:
+            raise UserError("--refine / --split-channels write a file beside the table; give -o TABLE")
         if output is None and save_stats_path is None and bmnet is None:
             raise UserError("nothing to write; give -o TABLE, --bmnet TABLE and/or --save-stats FILE")
         if range_only and (save_stats_path is None or output is not None):
@@ -166,7 +176,7 @@ def register(app: typer.Typer) -> None:
         _check_output(bmnet, "--bmnet")
         options = CalibrationOptions(
             method=method, percentile=percentile, batch=batch, bins=bins, tune=tune, refine=refine,
-            refine_samples=refine_samples,
+            refine_samples=refine_samples, split_channels=split_channels,
         )  # fmt: skip
         pre = Preprocess(
             mean=parse_floats(mean, "--mean"),
@@ -201,9 +211,13 @@ def register(app: typer.Typer) -> None:
             save_stats(result.stats, save_stats_path)
         if output is not None and result.table is not None:
             write_table(result.table, output)
-            if result.refinement is not None:
-                save_refinement(side_file(output), result.refinement.constants)
-                _note(f"refined {len(result.refinement.constants)} constants: {side_file(output)}")
+            constants = result.refinement.constants if result.refinement is not None else {}
+            if constants or result.groupings:
+                save_refinement(side_file(output), Refinement(constants, result.groupings))
+                _note(
+                    f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: "
+                    f"{side_file(output)}"
+                )
         if bmnet is not None and result.table is not None:
             _write_bmnet(model, result.table, parse_input_shapes(input_shape or []), bmnet)
         rate = result.samples / max(result.seconds, 1e-9)
