@@ -99,6 +99,12 @@ Run time (2 cores, 76 pictures): the eight channel group rows plus weight recons
 kl + tune + weight reconstruction and both tuned splits + weight reconstruction with --cross 4.9 min; the five
 other channel-group rows with --cross 4.4 min. Per method, seconds column minus KL (~7 s): split and calibrate
 10 - 15 s, tune on the split graph 9 - 10 s, weight reconstruction on the split graph 21 - 24 s.
+
+The same, as a user gets it (always printed): `npuc calibrate MODEL --data DIR -o T --split-channels 3 --tune 5
+--refine weights` writes T and T.refine.npz (the split and the refitted constants), and `npuc build --calib T`
+quantizes the model with the side file applied; that graph on the integer reference: 0.9907 / 0.865, top-1
+agreement 1.0 (52 s with calibration). tests/vendor/test_cv18xx_channel_split_vendor.py checks such a build
+runs on the vendor simulator bit for bit like `npuc run` and the integer reference.
 """
 
 from __future__ import annotations
@@ -209,6 +215,34 @@ def npuc_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path
     for i, feed in enumerate(calib):
         np.savez(folder / f"{i:04d}.npz", **feed)
     return calibrate(model, [folder], options=CalibrationOptions(method="kl", tune=tune)).table
+
+
+CLI_SPLIT = 3  # the product path's --split-channels
+
+
+def calibrate_cli_path(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path):  # noqa: ANN201
+    """What a user runs, as one call: `npuc calibrate MODEL --data DIR -o T --split-channels 3 --tune 5
+    --refine weights` (passes.calibrate.calibrate), then what `npuc build --calib T` quantizes: the canonicalized
+    model with the side file applied (the split, then the refitted constants). (graph, ThresholdMap)."""
+    from npuc.frontends.onnx import import_model, load_model
+    from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.quantize import thresholds_for_graph
+    from npuc.passes.refinement import Refinement, apply_refinement
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, feed in enumerate(calib):
+        np.savez(folder / f"{i:04d}.npz", **feed)
+    options = CalibrationOptions(
+        method="kl", tune=TUNE_SAMPLES, refine="weights", refine_samples=len(calib), split_channels=CLI_SPLIT
+    )
+    result = calibrate(model, [folder], options=options)
+    source = load_model(model)
+    graph = import_model(source)
+    canonicalize(graph)
+    graph = apply_refinement(graph, Refinement(result.refinement.constants, result.groupings))
+    names = tensor_table_names(source)
+    return graph, thresholds_for_graph(graph, result.table, warn=False, table_names=names)
 
 
 def npuc_int8_outputs(
@@ -492,6 +526,10 @@ def measure(
             fit_seconds[label] = t_fit + (fit_seconds.get(base, 0.0) if base in methods[: methods.index(label)] else 0)
             got, t_run = _timed(lambda g=g, th=th: graph_int8_outputs(g, th, feeds))
             rows.append(score(f"npuc int8 ({label})", ref, got, t_cal + fit_seconds[label] + t_run))
+        (g, th), t_fit = _timed(lambda: calibrate_cli_path(model, calib, Path(tmp) / "cli"))
+        got, t_run = _timed(lambda: graph_int8_outputs(g, th, feeds))
+        label = f"npuc calibrate --split-channels {CLI_SPLIT} --tune {TUNE_SAMPLES} --refine weights"
+        rows.append(score(label, ref, got, t_fit + t_run))
         if cross:
             rows += cross_photo(model, pics, Path(tmp), [m for m in methods if m in CROSS_METHODS])
         table = tables[TUNE_SAMPLES][0]
