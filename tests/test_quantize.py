@@ -23,7 +23,8 @@ from npuc.compiler.kernels.quantized import QUANT_KERNELS, OpQuant, with_quant
 from npuc.frontends.onnx import import_onnx
 from npuc.passes.calitable import CalibrationTable, Threshold, read_table
 from npuc.passes.canonicalize import canonicalize
-from npuc.passes.quantize import ThresholdMap, int8_params, quantize, thresholds_for_graph
+from npuc.passes.quant_context import int8_params
+from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 REGION_MASK = (1 << 40) - 1
