@@ -105,9 +105,10 @@ The same, as a user gets it (always printed): `npuc calibrate MODEL --data DIR -
 quantizes the model with the side file applied; that graph on the integer reference: 0.9907 / 0.865, top-1
 agreement 1.0 (52 s with calibration). tests/vendor/test_cv18xx_channel_split_vendor.py checks such a build
 runs on the vendor simulator bit for bit like `npuc run` and the integer reference. The price on the NPU
-(PP-LCNet, plain tuned table vs the split, nominal schedule of backends/cv18xx/timing.py): cv183x 0.56 M ->
-1.35 M cycles, DDR 2.6 -> 13.7 MB, artifact 2.02 -> 2.54 MB; cv181x 2.68 M -> 2.64 M cycles, DDR 3.4 -> 13.7
-MB: the split's parallel group chains do not form layer groups yet, and every group has its own lookup table.
+(PP-LCNet, plain tuned table vs the split, nominal schedule of backends/cv18xx/timing.py; the split graph
+keeps each group's chain contiguous, so layer groups take chains whole): cv183x 0.56 M -> 0.91 M cycles, DDR
+2.6 -> 6.6 MB, artifact 2.02 -> 2.52 MB; cv181x 2.68 M -> 1.96 M cycles, DDR 3.4 -> 6.4 MB, artifact 1.90 ->
+2.12 MB (every group has its own lookup table, every partial conv its own per-channel records).
 """
 
 from __future__ import annotations

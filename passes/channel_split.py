@@ -247,9 +247,37 @@ def apply_groupings(
             rw.conv(op, out_groups.get(op.name), in_groups.get(op.name))
         else:
             rw.keep(op)
+    rw.out.ops = _chains_together(rw.out.ops, [runs[name] for name in out_groups])
     rw.out.prune()
     rw.out.verify()
     return ChannelSplit(rw.out, rw.groups, rw.partials, dict(groupings))
+
+
+def _chains_together(split_ops: list[Op], runs: list[Run]) -> list[Op]:
+    """The split graph's ops with each run's group chains one after another (group 0's conv parts, then its
+    members, then group 1's ...), where the run's first op stood: a layer group, which takes contiguous ops
+    with one output, can then take a chain whole. Valid because every part of a run's start conv reads what
+    its first part reads, and a member reads only its chain."""
+    place: dict[str, tuple[int, int, int]] = {}  # op name -> (run, group, rank within the chain)
+    for r, run in enumerate(runs):
+        ranks = {run.start.name: 0, **{m.name: i + 1 for i, m in enumerate(run.members)}}
+        for op in split_ops:
+            base, _, rest = op.name.partition(".g")
+            group = rest.split(".")[0]
+            if base in ranks and group.isdigit():
+                place[op.name] = (r, int(group), ranks[base])
+    chains: dict[int, list[Op]] = {}
+    for op in split_ops:
+        if op.name in place:
+            chains.setdefault(place[op.name][0], []).append(op)
+    ordered, done = [], set()
+    for op in split_ops:
+        if op.name not in place:
+            ordered.append(op)
+        elif (r := place[op.name][0]) not in done:
+            done.add(r)
+            ordered += sorted(chains[r], key=lambda o: place[o.name][1:])  # stable: parts keep their order
+    return ordered
 
 
 def split_runs(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) -> ChannelSplit:
