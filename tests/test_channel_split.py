@@ -166,3 +166,20 @@ def test_quantized_split_graph_runs_in_int8() -> None:
         ref = run(graph, feed)["output"].ravel()
         got = run(qgraph, feed, kernels=QUANT_KERNELS)["output"].ravel()
         assert float(ref @ got / (np.linalg.norm(ref) * np.linalg.norm(got))) > 0.99
+
+
+def test_each_group_chain_is_contiguous() -> None:
+    """Group 0's conv parts and members, then group 1's: a layer group (contiguous ops, one output) can take
+    a chain whole."""
+    graph = _tiny_graph()
+    split = split_runs(graph, _geometric_peaks(graph), 2)
+    run = find_runs(graph).runs[0]
+    names = [op.name for op in split.graph.ops]
+    chain = [n for n in names if n.split(".g")[0] in {run.start.name, *(m.name for m in run.members)}]
+    first = names.index(chain[0])
+    assert names[first : first + len(chain)] == chain  # nothing else inside the run
+    groups = [int(n.split(".g")[1].split(".")[0]) for n in chain]
+    assert groups == sorted(groups) and groups[0] == 0 and groups[-1] == 1
+    assert [n for n in chain if not n.startswith(run.start.name)] == [
+        f"{m.name}.g{j}" for j in (0, 1) for m in run.members
+    ]
