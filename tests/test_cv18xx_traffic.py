@@ -144,9 +144,11 @@ def test_npuc_smallcnn_build_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
     traffic = tdma_traffic(model)
     feeds = {"input": np.load(GOLDEN / "smallcnn_in.npz")["input"]}
     assert {k: traffic[k] for k in ("load", "store")} == _metered_run(model, feeds, monkeypatch)
-    # Every weight byte is loaded exactly once, the int8 input once, the 10 fp32 outputs once.
+    # Every weight byte is loaded at most once, the 10 fp32 outputs once. The CPU quant routine's int8 input
+    # lives in the shared region's plan, so no program takes private memory.
     assert traffic["load"]["weights"] <= summary["weight_bytes"]
-    assert traffic["load"]["private"] == 3 * 64 * 64
+    assert summary["private_gmem"] == 0 and traffic["load"]["private"] == 0
+    assert traffic["load"]["shared"] >= 3 * 64 * 64
     assert traffic["store"]["io"] == 40
     assert lower_bound(model) == {
         "weights": summary["weight_bytes"],

@@ -1,14 +1,16 @@
 """`npuc build --target cv18xx`: quantize, plan memory, generate the TPU routine and write the .cvimodel.
 
 Program shape (as tpu-mlir makes it, specs/cv18xx.md §2): an int8 model quantizes its float input with the
-runtime's built-in CPU `quant` routine into private memory, then one TPU routine runs every op and
-dequantizes the outputs to fp32 in their io regions. `--quant-input` / `--quant-output` keep the model's
-edges in int8 instead. A bf16 model converts its input on the TPU.
+runtime's built-in CPU `quant` routine, then one TPU routine runs every op and dequantizes the outputs to
+fp32 in their io regions. `--quant-input` / `--quant-output` keep the model's edges in int8 instead. A bf16
+model converts its input on the TPU. Unlike tpu-mlir, the CPU routines' tensors share the shared region's
+liveness plan instead of taking private memory of their own.
 
 Options read from `request.options`: quant_input, quant_output, float_layers (list), layer_group (bool,
 default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group.py), sync
 ("parallel", the default: descriptors wait only for true dependencies, or "serial": cvikernel's fully ordered
-scheme; sync.py).
+scheme; sync.py), compress_weights (bool, default on: filters stored VLC-compressed where that is smaller,
+weights.py).
 """
 
 from __future__ import annotations
@@ -236,11 +238,16 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     ]
     fmt = {name: _fmt_of(qgraph, name) for name in qgraph.tensors if not qgraph.tensors[name].is_const}
     inputs = list(qgraph.inputs)
-    private = [op.outputs[0] for op in cpu_ops] + [op.inputs[0] for op in tail_ops]
-    pinned = set(inputs) | set(outputs) | set(private)
-    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, CmdStream(chip, sync=opts.get("sync", "parallel")))
+    cpu_touched = [op.outputs[0] for op in cpu_ops] + [op.inputs[0] for op in tail_ops]
+    pinned = set(inputs) | set(outputs) | set(cpu_touched)
+    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, CmdStream(chip, sync=opts.get("sync", "parallel")),
+                 compress_weights=bool(opts.get("compress_weights", True)))  # fmt: skip
     units = layer_groups(cg, tpu_ops, pinned | set(tpu_outputs)) if opts.get("layer_group", True) else tpu_ops
-    cg.plan = plan_memory(qgraph, units, fmt, inputs + outputs, private, _aliases(qgraph, tpu_ops, pinned))
+    # One liveness plan over the whole program, CPU routines included: what a CPU routine writes or reads lives
+    # in the shared region like any activation (tpu-mlir plans each TPU routine apart, so it keeps them in
+    # private memory, a region of its own per program).
+    schedule = [*cpu_ops, *units, *tail_ops]
+    cg.plan = plan_memory(qgraph, schedule, fmt, inputs + outputs, [], _aliases(qgraph, tpu_ops, pinned))
     generate(cg, units)
     model = _assemble(request, chip.name, qgraph, cg, cpu_ops, units, tail_ops, inputs, outputs, tpu_outputs)
     data = write_cvimodel(model)

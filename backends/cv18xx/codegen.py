@@ -32,6 +32,7 @@ class Codegen:
     stream: CmdStream = None  # type: ignore[assignment]
     weights: WeightArea = field(default_factory=WeightArea)
     top_aligned: bool = False  # lay this unit's local memory out against the top of the lane (group.py)
+    compress_weights: bool = False  # store filters VLC-compressed where that is smaller (weights.py)
 
     def __post_init__(self) -> None:
         if self.stream is None:

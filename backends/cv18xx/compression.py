@@ -304,14 +304,16 @@ def decompress(data: bytes | np.ndarray, elements: int, bf16: bool, where: str =
 def estimate_header(values: np.ndarray) -> VlcHeader:
     """cvikernel's bias choice for int8 (signed or unsigned) or bf16 (raw uint16) data; stream size left 0."""
     if values.dtype == np.uint16:
-        exps = (values.astype(np.int64) >> 7) & 0xFF
-        nonzero = exps[exps != 0]
-        bias0 = int(np.float32(nonzero.sum()) / np.float32(len(nonzero)) + 0.5) if len(nonzero) else 0
-        return VlcHeader(0, 0, 1, bias0, 0, int(len(nonzero) < len(exps)))
+        counts = np.bincount((values >> 7).astype(np.uint8), minlength=256)
+        nonzero = len(values) - int(counts[0])
+        total = int((counts * np.arange(256)).sum())
+        bias0 = int(np.float32(total) / np.float32(nonzero) + 0.5) if nonzero else 0
+        return VlcHeader(0, 0, 1, bias0, 0, int(nonzero < len(values)))
     if values.dtype == np.uint8:
         return VlcHeader(0, 0, 0, 0, 0, 0)
-    v = values.astype(np.int64)
-    pos, neg = v[v > 0], v[v < 0]
+    present = np.flatnonzero(np.bincount(values.view(np.uint8), minlength=256))  # byte values that occur
+    signed = np.where(present < 128, present, present - 256)
+    pos, neg = signed[signed > 0], signed[signed < 0]
     bias0 = int(pos.min()) - 1 if len(pos) else 0
     bias1 = -int(neg.max()) - 1 if len(neg) else 0
     return VlcHeader(0, 1, 0, bias0, bias1, 0)
@@ -319,8 +321,8 @@ def estimate_header(values: np.ndarray) -> VlcHeader:
 
 def _choose_orders(symbols: np.ndarray, zero_count: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per block the first order with the fewest code bits (-1 = raw) and its unary field length."""
+    unary = np.stack([(symbols >> k).sum(axis=1, dtype=np.int32) + BLOCK for k in range(MAX_ORDER + 1)], axis=1)
     k = np.arange(MAX_ORDER + 1)
-    unary = ((symbols[:, None, :] >> k[None, :, None]) + 1).sum(axis=2)
     size = np.where(unary <= MAX_UNARY_BITS, BLOCK * k + unary + np.where(zero_count & (k > 0), 4, 0), 255)
     best = size.argmin(axis=1)
     rows = np.arange(len(symbols))
@@ -334,30 +336,35 @@ def compress(values: np.ndarray) -> bytes:
         raise TypeError(f"VLC compresses int8, uint8 or bf16 bits (uint16), not {values.dtype}")
     header = estimate_header(values)
     elements, n = len(values), block_count(len(values))
-    padded = np.zeros(n * BLOCK, np.int64)
+    padded = np.zeros(n * BLOCK, np.uint16 if values.dtype == np.uint16 else np.uint8)
     padded[:elements] = values.view(np.uint8 if values.dtype == np.int8 else values.dtype)
     padded = padded.reshape(n, BLOCK)
-    if header.bf16:
-        exps, frac = (padded >> 7) & 0xFF, ((padded >> 15) << 7) | (padded & 0x7F)
-        symbols = remap_exponents(exps, header.bias0, header.zero_guard)
+    byte_values = np.arange(256)
+    if header.bf16:  # the remaps are byte -> byte tables, applied by lookup
+        exps, frac = (padded >> 7).astype(np.uint8), ((padded >> 15) << 7 | (padded & 0x7F)).astype(np.uint8)
+        symbols = remap_exponents(byte_values, header.bias0, header.zero_guard).astype(np.uint8)[exps]
+    elif header.signed:
+        symbols = remap_int8(byte_values, header.bias0, header.bias1).astype(np.uint8)[padded]
     else:
-        symbols = remap_int8(padded, header.bias0, header.bias1) if header.signed else padded
+        symbols = padded
     zero_count = bool(header.bf16 and header.zero_guard)
     order, unary_bits = _choose_orders(symbols, zero_count)
     raw = order < 0
     k = np.maximum(order, 0)
     znum = np.where(zero_count & (k > 0) & ~raw, 4, 0)
     code_bits = np.where(raw, MAX_CODE_BITS, BLOCK * k + znum + unary_bits)
-    rows = np.zeros((n, 2 * MAX_CODE_BITS), np.uint8)  # each block's bits, then compacted
+    width = 2 * MAX_CODE_BITS if header.bf16 else MAX_CODE_BITS  # bf16 blocks carry their fraction bytes
+    rows = np.zeros((n, width), np.uint8)  # each block's bits, then compacted
     rows[raw, :MAX_CODE_BITS] = np.unpackbits(symbols[raw].astype(np.uint8), axis=1, bitorder="little")
     c = np.flatnonzero(~raw)
-    planes = (symbols[c, None, :] >> _PLANES[None, :, None]) & 1
+    planes = (symbols[c, None, :] >> _PLANES[None, :, None].astype(np.uint8)) & 1
     planes *= _PLANES[None, :, None] < k[c, None, None]
     rows[c, : BLOCK * MAX_ORDER] = planes.reshape(len(c), BLOCK * MAX_ORDER)
-    zeros = (symbols[c] == 0).sum(axis=1)
-    for b in range(4):  # the zero count, only where the block carries one
-        rows[c, BLOCK * k[c] + b] |= (((zeros >> b) & 1) * (znum[c] > 0)).astype(np.uint8)
-    ends = np.cumsum((symbols[c] >> k[c, None]) + 1, axis=1) - 1
+    if zero_count:  # a 4-bit count of zero symbols after the bit planes, where the block carries one
+        zeros = (symbols[c] == 0).sum(axis=1)
+        for b in range(4):
+            rows[c, BLOCK * k[c] + b] |= (((zeros >> b) & 1) * (znum[c] > 0)).astype(np.uint8)
+    ends = np.cumsum((symbols[c] >> k[c, None]).astype(np.int32) + 1, axis=1) - 1
     rows[c[:, None], (BLOCK * k[c] + znum[c])[:, None] + ends] = 1
     length = code_bits.copy()
     if header.bf16:
@@ -366,7 +373,7 @@ def compress(values: np.ndarray) -> bytes:
         r, i = np.nonzero(stored)
         rows[r[:, None], pos[r, i][:, None] + _BYTE_BITS] = (frac[r, i][:, None] >> _BYTE_BITS) & 1
         length += 8 * stored.sum(axis=1)
-    bits = rows[np.arange(2 * MAX_CODE_BITS) < length[:, None]]
+    bits = rows[np.arange(width) < length[:, None]]
     stream = np.packbits(bits, bitorder="little").tobytes()
     stream += bytes(_align16(len(stream)) - len(stream))
     kmap = np.where(raw, 0xE0, (k << 5) | ((unary_bits - BLOCK) & 0x1F)).astype(np.uint8).tobytes()

@@ -50,16 +50,18 @@ def _formats(src: str, dst: str) -> dict[str, int]:
 
 
 def load(stream: CmdStream, src: GTensor, dst: LTensor) -> None:
-    """gmem -> lmem, same element count; an int8 source into a bf16 tile converts on the way."""
-    stream.tdma(
-        {
-            "trans_dir": 0,
-            **_global(stream, "src", src),
-            **_local("dst", dst),
-            **_shapes(src.shape, dst.shape),
-            **_formats(src.fmt, dst.fmt),
-        }
-    )
+    """gmem -> lmem, same element count; an int8 source into a bf16 tile converts on the way. A compressed
+    source is decoded on the way (its VLC header carries the coding parameters; cmprs_fmt marks int8)."""
+    fields = {
+        "trans_dir": 0,
+        **_global(stream, "src", src),
+        **_local("dst", dst),
+        **_shapes(src.shape, dst.shape),
+        **_formats(src.fmt, dst.fmt),
+    }
+    if src.compressed:
+        fields.update(compress_en=1, cmprs_fmt=int(src.fmt == "i8"))
+    stream.tdma(fields)
 
 
 def store(stream: CmdStream, src: LTensor, dst: GTensor) -> None:

@@ -77,7 +77,8 @@ class CmdStream:
 
     def counts(self) -> dict[str, int]:
         tiu = sum(1 for engine, _ in self.records if engine == isa.ENGINE_TIU)
-        return {"tiu": tiu, "tdma": len(self.records) - tiu}
+        vlc = sum(1 for engine, f in self.records if engine == isa.ENGINE_TDMA and f.get("compress_en"))
+        return {"tiu": tiu, "tdma": len(self.records) - tiu, "tdma_decompressing": vlc}
 
     def to_bytes(self) -> bytes:
         """The cmdbuf, with the sync ids assigned in `self.sync` mode."""

@@ -24,13 +24,15 @@ def align(value: int, to: int = ALIGN) -> int:
 
 @dataclass(frozen=True)
 class GTensor:
-    """A global-memory operand: region, byte offset, NCHW shape and byte strides."""
+    """A global-memory operand: region, byte offset, NCHW shape and byte strides. A `compressed` one is a VLC
+    buffer (compression.py) that decodes to the dense `shape`; a TDMA load takes it whole."""
 
     region: int
     offset: int
     shape: tuple[int, int, int, int]
     fmt: str
     strides: tuple[int, int, int, int] = (0, 0, 0, 0)
+    compressed: bool = False
 
     @classmethod
     def contiguous(cls, region: int, offset: int, shape: tuple[int, ...], fmt: str) -> GTensor:
@@ -40,6 +42,8 @@ class GTensor:
 
     def slice(self, n: tuple[int, int] = None, c: tuple[int, int] = None, h: tuple[int, int] = None) -> GTensor:
         """The sub-tensor [n0:n1, c0:c1, h0:h1, :] (None keeps a whole dimension)."""
+        if self.compressed:
+            raise ValueError("a VLC-compressed tensor is loaded whole; slice its data before compressing")
         ranges = [n or (0, self.shape[0]), c or (0, self.shape[1]), h or (0, self.shape[2])]
         offset = self.offset + sum(r[0] * s for r, s in zip(ranges, self.strides[:3]))
         shape = (ranges[0][1] - ranges[0][0], ranges[1][1] - ranges[1][0], ranges[2][1] - ranges[2][0], self.shape[3])

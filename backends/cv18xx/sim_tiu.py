@@ -202,11 +202,13 @@ def _windows(ctx: TiuContext, x: np.ndarray, kh: int, kw: int, pad_value: float)
 
 
 def _bf16_bias(ctx: TiuContext, oc: int) -> np.ndarray:
-    """fp32 bias of a bf16 conv: a high-16 plane and a low-16 plane, opd2_b_str bytes apart."""
+    """fp32 bias of a bf16 conv: a high-16 plane, then a low-16 plane one plane of the conv's own `oc` further
+    (ceil(oc / lanes) x 2 bytes). The vendor simulator takes that distance from oc, not from opd2_b_str: a
+    bias view into a wider parameter tensor reads the wrong low halves there (checked on cv181x and cv183x)."""
     f = ctx.f
     strides = default_strides((1, oc, 1, 1), 2, ctx.chip.lanes, ctx.chip.eu_bytes, eu_align=False)
     hi = ctx.lmem.read(f["opd2_addr"], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
-    lo = ctx.lmem.read(f["opd2_addr"] + f["opd2_b_str"], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
+    lo = ctx.lmem.read(f["opd2_addr"] + strides[0], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
     return ((hi << 16) | lo).view(np.float32).astype(np.float64)
 
 

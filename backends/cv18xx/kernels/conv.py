@@ -13,7 +13,7 @@ from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, op_where, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
-from npuc.backends.cv18xx.weights import bf16_bits, channel_records, conv_filter, fp32_planes
+from npuc.backends.cv18xx.weights import StagedWeight, bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 from npuc.compiler.kernels.quantized.bf16_conv import conv_transpose_pads, transposed_conv_filter
@@ -59,13 +59,13 @@ class ConvParams:
         return None if self.g is None else self.g.slice(c=(c0, c1))
 
 
-def conv_weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool, w: np.ndarray | None = None) -> GTensor:
-    """The (oc, ic/group, kh, kw) filters of `op` (its weight input unless `w` is given) in the weight area,
-    in the TIU's layout."""
+def conv_weights(cg: Codegen, op: Op, bf16: bool, depthwise: bool, w: np.ndarray | None = None) -> StagedWeight:
+    """The (oc, ic/group, kh, kw) filters of `op` (its weight input unless `w` is given) in the TIU's layout,
+    stored slice by slice as the kernel loads them."""
     w = cg.const(op.inputs[1]) if w is None else w
     packed = w.reshape(1, w.shape[0], w.shape[2], w.shape[3]) if depthwise else conv_filter(w)
     data = bf16_bits(packed) if bf16 else np.asarray(packed, np.int8)
-    return cg.weights.add(f"{op.name}_filter", data, "bf16" if bf16 else "i8")
+    return StagedWeight(cg.weights, f"{op.name}_filter", data, "bf16" if bf16 else "i8", cg.compress_weights)
 
 
 def _oc_tile(cg: Codegen, per_channel_bytes: int, oc: int) -> int:
@@ -127,7 +127,7 @@ def _convolve(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: np.ndarray, g: Geo
         _conv(cg, op, x.slice(c=cs), y.slice(c=os), weights.slice(c=os), params, os[0], g)
 
 
-def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, oc_base: int,
+def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedWeight, params: ConvParams, oc_base: int,
           g: Geometry) -> None:  # fmt: skip
     s = cg.stream
     fmt = x.fmt
@@ -159,11 +159,11 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvP
         stream_rows(cg, op, local, g, x, y.slice(c=(o0, o1)), compute)
 
 
-def _load_filter_tile(cg: Codegen, local: LocalAllocator, w: GTensor, params: ConvParams, oc_base: int,
+def _load_filter_tile(cg: Codegen, local: LocalAllocator, w: StagedWeight, params: ConvParams, oc_base: int,
                       oc: tuple[int, int], g: Geometry, ic: int) -> tuple[LTensor, LTensor | None]:  # fmt: skip
     """Load the filters (and per-channel parameters) of output channels [oc[0], oc[1]) into local memory."""
     lw = local.tensor((1, oc[1] - oc[0], g.kh * g.kw, ic), w.fmt, eu_align=False)
-    dma.load(cg.stream, w.slice(c=oc), lw)
+    dma.load(cg.stream, w.slice(c=oc).place(), lw)
     ptile = params.tile(oc_base + oc[0], oc_base + oc[1])
     if ptile is None:
         return lw, None
@@ -181,28 +181,33 @@ def _input_resident_oc(cg: Codegen, op: Op, x: GTensor, y: GTensor, g: Geometry,
     oc, ic = y.shape[1], x.shape[1]
     if x.shape[0] != 1 or _oc_tile(cg, per_oc, oc) >= oc:
         return 0
-    param_shape = (2, oc, 1, 1) if fmt == "bf16" else (1, oc, 1, rec)
-    free = chip.lmem_size - local_bytes(chip, (1, ic, g.ih, g.iw), fmt) - local_bytes(chip, param_shape, fmt, False)
+    bf16 = fmt == "bf16"  # bf16 bias planes load with each tile, int8 records once (_conv_input_resident)
+    free = chip.lmem_size - local_bytes(chip, (1, ic, g.ih, g.iw), fmt)
+    free -= 0 if bf16 else local_bytes(chip, (1, oc, 1, rec), fmt, False)
 
     def fits(blocks: int) -> bool:
         t = min(oc, blocks * chip.lanes)
         need = local_bytes(chip, (1, t, g.kh * g.kw, ic), fmt, False) + local_bytes(chip, (1, t, g.oh, g.ow), fmt)
+        need += local_bytes(chip, (2, t, 1, 1), fmt, False) if bf16 else 0
         return copies * need <= free
 
     return min(oc, largest_fit(-(-oc // chip.lanes), fits) * chip.lanes)
 
 
-def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, oc_base: int,
-                         g: Geometry, tile_oc: int) -> None:  # fmt: skip
-    """Load the input and every channel's parameters once; per output-channel tile (a whole number of lanes)
-    load its filters, convolve every row, store. Tiles alternate between two buffer sets where both fit."""
+def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedWeight, params: ConvParams,
+                         oc_base: int, g: Geometry, tile_oc: int) -> None:  # fmt: skip
+    """Load the input (and int8 per-channel records) once; per output-channel tile (a whole number of lanes)
+    load its filters (and bf16 bias planes), convolve every row, store. Tiles alternate between two buffer
+    sets where both fit."""
     s, fmt, lanes = cg.stream, x.fmt, cg.chip.lanes
     relu, relu_max = fused_relu(op)
     oc = y.shape[1]
     local = cg.local(op)
     lx = local.tensor((1, x.shape[1], g.ih, g.iw), fmt)
     dma.load(s, x, lx)
-    all_params = params.tile(oc_base, oc_base + oc)
+    # int8 records load once for every tile; bf16 bias planes load per tile, because the TIU finds the low
+    # plane one plane of the tile's own channel count after the high one (sim_tiu._bf16_bias)
+    all_params = None if params.bf16 else params.tile(oc_base, oc_base + oc)
     lp_all = None
     if all_params is not None:
         lp_all = local.tensor(all_params.shape, all_params.fmt, eu_align=False)
@@ -213,21 +218,24 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor
     tiles = [(o0, min(oc, o0 + tile_oc)) for o0 in range(0, oc, tile_oc)]
     set_bytes = 0
 
-    def buffers(j: int, load: bool = False) -> tuple[LTensor, LTensor]:
+    def buffers(j: int, load: bool = False) -> tuple[LTensor, LTensor, LTensor | None]:
         o0, o1 = tiles[j]
         local.reset(top + (j % 2) * set_bytes)
         lw = local.tensor((1, o1 - o0, g.kh * g.kw, x.shape[1]), w.fmt, eu_align=False)
         if load:
-            dma.load(s, w.slice(c=(o0, o1)), lw)
-        return lw, local.tensor((1, o1 - o0, g.oh, g.ow), fmt)
+            dma.load(s, w.slice(c=(o0, o1)).place(), lw)
+        planes = params.tile(oc_base + o0, oc_base + o1) if params.bf16 else None
+        lp = None if planes is None else local.tensor(planes.shape, planes.fmt, eu_align=False)
+        if load and lp is not None:
+            dma.load(s, planes, lp)
+        return lw, local.tensor((1, o1 - o0, g.oh, g.ow), fmt), lp
 
     if len(tiles) > 1:  # the first tile is the largest: its buffers size a set
         buffers(0)
         set_bytes = local.top - top if top + 2 * (local.top - top) <= cg.chip.lmem_size else 0
 
     def work(j: int) -> None:
-        (o0, o1), (lw, ly) = tiles[j], buffers(j)
-        lp = None
+        (o0, o1), (lw, ly, lp) = tiles[j], buffers(j)
         if lp_all is not None:  # this tile's channels start o0 / lanes rows into every lane
             view = (lp_all.shape[0], o1 - o0, *lp_all.shape[2:])
             lp = LTensor(lp_all.addr + (o0 // lanes) * lp_all.strides[1], view, lp_all.fmt, lp_all.strides)
@@ -247,7 +255,7 @@ def _pad_right(g: Geometry) -> int:
     return max(0, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1 - g.spread_hw()[1] - g.pads[1])
 
 
-def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: ConvParams, g: Geometry) -> None:
+def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedWeight, params: ConvParams, g: Geometry) -> None:
     chip, s = cg.chip, cg.stream
     fmt = x.fmt
     c = x.shape[1]
@@ -266,7 +274,7 @@ def _depthwise(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: GTensor, params: 
         t = c1 - c0
         local.reset()
         lw = local.tensor((1, t, g.kh, g.kw), fmt)
-        dma.load(s, w.slice(c=(c0, c1)), lw)
+        dma.load(s, w.slice(c=(c0, c1)).place(), lw)
         ptile = params.tile(c0, c1)
         lp = None
         if ptile is not None:

@@ -96,7 +96,7 @@ def _conv_resident(cg: Codegen, op: Op) -> list[Resident]:
         (1, oc, kh, kw) if depthwise else (1, oc, kh * kw, icg),
         fmt,
         depthwise,
-        lambda: conv_weights(cg, op, bf16, depthwise),
+        lambda: conv_weights(cg, op, bf16, depthwise).place(),
     )
     has_bias = len(op.inputs) > 2 and bool(op.inputs[2])
     if bf16 and not has_bias:
