@@ -1,9 +1,10 @@
 """Global-memory plan of one program: where every activation tensor lives (specs/cv18xx.md §2.2).
 
 - model inputs and outputs: one io region each (3, 4, ...; at most 5, the rest go to private memory);
-- tensors a CPU routine touches: the private region;
-- every other activation: the shared region, reused once its last reader has run (first-fit over a free
-  list, 16-byte aligned); a reshape's output is the same bytes as its input.
+- io tensors beyond the fifth: the private region;
+- every other activation, CPU routine operands included: the shared region, where tensors whose lifetimes
+  do not meet share bytes (placed largest first or first-fit in time, whichever needs less, 16-byte
+  aligned: compiler/allocator.py place_blocks); a reshape's output is the same bytes as its input.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from npuc.backends.cv18xx.lmem import ALIGN, align
-from npuc.compiler.allocator import FreeList
+from npuc.compiler.allocator import place_blocks
 from npuc.compiler.ir import Graph, Op
 
 REGION_SHARED, REGION_PRIVATE, REGION_IO0 = 0, 2, 3
@@ -76,26 +77,25 @@ def plan_memory(
         for name in [*op.inputs, *op.outputs]:
             if name and not graph.tensors[name].is_const:
                 last_use[root(name)] = i
-    shared = FreeList()
-    live: dict[str, Placement] = {}
-    history: list[tuple[str, Placement, int]] = []  # (tensor, place, index of definition)
+    defined: list[tuple[str, int]] = []  # (tensor, index of the op that makes it), in execution order
     for i, op in enumerate(ops):
         for out in op.outputs:
             r = root(out)
             if r in plan.places or out in plan.places:
                 plan.places.setdefault(out, plan.places[r])
-                continue
-            if r != out:  # an alias of a tensor placed earlier
-                plan.places[out] = plan.places[r]
-                continue
-            size = tensor_bytes(graph, out, fmt[out])
-            place = Placement(REGION_SHARED, shared.alloc(size), size)
-            plan.places[out] = live[out] = place
-            history.append((out, place, i))
-        for name in [n for n, _ in list(live.items()) if last_use.get(n, -1) <= i]:
-            place = live.pop(name)
-            shared.release(place.offset, place.size)
-        plan.shared_size = max(plan.shared_size, shared.top)
+            elif r == out:
+                defined.append((out, i))
+    # an op's output never shares bytes with its inputs: both are live at its step
+    blocks = [(tensor_bytes(graph, name, fmt[name]), i, max(i, last_use.get(name, i))) for name, i in defined]
+    offsets, plan.shared_size = place_blocks(blocks, ALIGN)
+    history: list[tuple[str, Placement, int]] = []  # (tensor, place, index of definition)
+    for (name, i), (size, _, _), offset in zip(defined, blocks, offsets):
+        plan.places[name] = Placement(REGION_SHARED, offset, size)
+        history.append((name, plan.places[name], i))
+    for op in ops:  # aliases of tensors placed above (reshape outputs)
+        for out in op.outputs:
+            if out not in plan.places and root(out) in plan.places:
+                plan.places[out] = plan.places[root(out)]
     for j, (name, place, _) in enumerate(history):
         for _, oplace, _ in history[j + 1 :]:
             if oplace.offset < place.offset + place.size and place.offset < oplace.offset + oplace.size:
