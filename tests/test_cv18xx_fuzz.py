@@ -156,3 +156,43 @@ def test_simulator_on_damaged_cmdbufs_raises_only_user_errors() -> None:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     assert set(outcomes) <= {"ran", "CorruptFileError", "UnsupportedError"}
     assert outcomes.get("ran", 0) > 0 and outcomes.get("CorruptFileError", 0) > 0
+
+
+def test_simulator_on_damaged_compressed_filters_raises_only_corrupt_file_errors() -> None:
+    """npuc's bf16 smallcnn stores its filters as VLC buffers: bytes flipped in them (headers, k-maps,
+    streams) either still decode or are rejected with CorruptFileError."""
+    from pathlib import Path
+
+    import numpy as np
+    from npuc.backends.cv18xx.build import compile_cvimodel
+    from npuc.backends.cv18xx.sim import run_cvimodel
+    from npuc.compiler.targets import BuildRequest
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+
+    source = GOLDEN / "smallcnn.onnx"
+    graph = import_onnx(source, None, [])
+    canonicalize(graph)
+    data, summary = compile_cvimodel(BuildRequest(graph, source, Path("unused.cvimodel"), chip="cv181x", quant="bf16"))
+    assert summary["tdma_decompressing"] >= 3
+    buffers = [e for e in read_cvimodel(data).body.weight_map if e.name.endswith("_vlc")]
+    assert buffers
+    with np.load(GOLDEN / "smallcnn_in.npz") as d:
+        inputs = {"input": d["input"]}
+    outcomes: dict[str, int] = {}
+    for i in range(60):
+        rng = random.Random(20_000 + i)
+        model = read_cvimodel(data)
+        weight = bytearray(model.sections["weight"])
+        entry = buffers[i % len(buffers)]
+        start = entry.offset & (1 << 40) - 1
+        for _ in range(rng.randint(1, 4)):
+            weight[start + rng.randrange(min(entry.size, 64) if i % 2 else entry.size)] = rng.randrange(256)
+        model.sections["weight"] = bytes(weight)
+        try:
+            run_cvimodel(model, inputs)
+            outcome = "ran"
+        except CorruptFileError:
+            outcome = "rejected"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert outcomes.get("ran", 0) > 0 and outcomes.get("rejected", 0) > 0, outcomes

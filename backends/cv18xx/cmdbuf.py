@@ -144,6 +144,7 @@ def _tdma_addr(f: dict[str, int], side: str, is_global: bool, chip: ChipSpec) ->
 def _tdma_line(f: dict[str, int], chip: ChipSpec) -> str:
     direction = f["trans_dir"]
     op = TDMA_DIRS[direction] + TDMA_FUNCS.get(f["spec_func"], f".func{f['spec_func']}")
+    op += ".vlc" if f["compress_en"] else ""  # the source is a VLC buffer (compression.py)
     fmts = [_FMT_NAMES.get(f[k], f"fmt{f[k]}") for k in ("src_fmt", "dst_fmt")]
     fmt = fmts[0] if fmts[0] == fmts[1] else ">".join(fmts)
     src_g, dst_g = _GLOBAL_SIDES[direction]
