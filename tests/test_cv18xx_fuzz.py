@@ -161,19 +161,11 @@ def test_simulator_on_damaged_cmdbufs_raises_only_user_errors() -> None:
 def test_simulator_on_damaged_compressed_filters_raises_only_corrupt_file_errors() -> None:
     """npuc's bf16 smallcnn stores its filters as VLC buffers: bytes flipped in them (headers, k-maps,
     streams) either still decode or are rejected with CorruptFileError."""
-    from pathlib import Path
-
     import numpy as np
-    from npuc.backends.cv18xx.build import compile_cvimodel
+    from cv18xx_smallcnn import build_smallcnn
     from npuc.backends.cv18xx.sim import run_cvimodel
-    from npuc.compiler.targets import BuildRequest
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
 
-    source = GOLDEN / "smallcnn.onnx"
-    graph = import_onnx(source, None, [])
-    canonicalize(graph)
-    data, summary = compile_cvimodel(BuildRequest(graph, source, Path("unused.cvimodel"), chip="cv181x", quant="bf16"))
+    data, summary = build_smallcnn("cv181x", "bf16")
     assert summary["tdma_decompressing"] >= 3
     buffers = [e for e in read_cvimodel(data).body.weight_map if e.name.endswith("_vlc")]
     assert buffers

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from golden import GOLDEN_ROOT
-from npuc.backends.cv18xx.build import compile_cvimodel
+from cv18xx_smallcnn import build_smallcnn
 from npuc.backends.cv18xx.container import read_cvimodel
-from npuc.compiler.targets import BuildRequest
-from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
 
-GOLDEN = GOLDEN_ROOT / "cv18xx"
 REGION_SHARED = 0
 
 
 def test_the_quant_routines_output_shares_bytes_with_later_activations() -> None:
-    source = GOLDEN / "smallcnn.onnx"
-    graph = import_onnx(source, None, [])
-    canonicalize(graph)
-    request = BuildRequest(graph, source, Path("unused.cvimodel"), chip="cv181x", quant="int8",
-                           calib_table=GOLDEN / "smallcnn_cali_table.txt")  # fmt: skip
-    data, summary = compile_cvimodel(request)
+    data, summary = build_smallcnn("cv181x")
     prog = read_cvimodel(data).body.programs[0]
     cpu = next(r for r in prog.routines if r.cpu_routine is not None)
     quantized = {t.name: t for t in prog.tensor_map}[cpu.out_tensors[0]]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cv18xx_smallcnn import build_smallcnn
 from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx import compression, isa
-from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf
 from npuc.backends.cv18xx.container import CviModel, read_cvimodel, write_cvimodel
@@ -24,9 +24,6 @@ from npuc.backends.cv18xx.sim_mem import FORMATS, GlobalMemory
 from npuc.backends.cv18xx.traffic import descriptor_transfers, lower_bound, tdma_traffic
 from npuc.compiler.cli import main
 from npuc.compiler.errors import CorruptFileError, UserError
-from npuc.compiler.targets import BuildRequest
-from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 KINDS = ("weights", "shared", "private", "io")
@@ -134,12 +131,7 @@ def test_golden_lower_bound(stem: str, bound: dict[str, int]) -> None:
 
 
 def test_npuc_smallcnn_build_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
-    source = GOLDEN / "smallcnn.onnx"
-    graph = import_onnx(source, None, [])
-    canonicalize(graph)
-    request = BuildRequest(graph, source, Path("unused.cvimodel"), chip="cv181x", quant="int8",
-                           calib_table=GOLDEN / "smallcnn_cali_table.txt")  # fmt: skip
-    data, summary = compile_cvimodel(request)
+    data, summary = build_smallcnn("cv181x")
     model = read_cvimodel(data)
     traffic = tdma_traffic(model)
     feeds = {"input": np.load(GOLDEN / "smallcnn_in.npz")["input"]}
