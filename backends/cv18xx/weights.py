@@ -37,7 +37,7 @@ class WeightArea:
     data: bytearray = field(default_factory=bytearray)
     entries: list[WeightEntry] = field(default_factory=list)
     _by_digest: dict[bytes, int] = field(default_factory=dict)
-    _placed: dict[str, GTensor] = field(default_factory=dict)  # add_once's constants by name
+    _placed: dict[str, GTensor] = field(default_factory=dict)  # add_once / add_compressed results by name
 
     def _place(self, raw: bytes) -> int:
         digest = hashlib.md5(raw).digest()
@@ -69,16 +69,20 @@ class WeightArea:
     def add_compressed(self, name: str, array: np.ndarray, fmt: str) -> GTensor:
         """Place the 4-D int8 (or bf16-bit) `array` as one VLC buffer when that is smaller than its bytes,
         else raw. The weight map lists a buffer as the uint8 bytes it is (the runtime maps entries only for
-        CPU routines)."""
+        CPU routines). A name asked for again gets the same placement."""
+        if name in self._placed:
+            return self._placed[name]
         blob = compression.compress(array)
         if len(blob) >= array.nbytes:
-            return self.add(name, array, fmt)
-        offset = self._place(blob)
-        self.entries.append(
-            WeightEntry(f"{name}_vlc", offset, len(blob), (1, 1, 1, len(blob)), DTYPE_CODES[np.dtype(np.uint8)])
-        )
-        dense = GTensor.contiguous(REGION_WEIGHT, offset, array.shape, fmt)
-        return replace(dense, compressed=True)
+            placed = self.add(name, array, fmt)
+        else:
+            offset = self._place(blob)
+            self.entries.append(
+                WeightEntry(f"{name}_vlc", offset, len(blob), (1, 1, 1, len(blob)), DTYPE_CODES[np.dtype(np.uint8)])
+            )
+            placed = replace(GTensor.contiguous(REGION_WEIGHT, offset, array.shape, fmt), compressed=True)
+        self._placed[name] = placed
+        return placed
 
     def section(self) -> bytes:
         """At least one aligned block: a zero-size weight region is not safe on every runtime."""
