@@ -84,3 +84,17 @@ def test_compressed_filters_run_bit_exactly(models, name: str, quant: str, chip:
             value.view(np.uint8), np.ascontiguousarray(vendor[out]).reshape(value.shape).view(np.uint8)
         )
         assert len(np.unique(value)) > 50  # a real result
+
+
+@pytest.mark.parametrize("chip", ["cv181x", "cv183x"])
+def test_resnet18_bench_model_runs_bit_exactly(chip: str, tmp_path: Path) -> None:
+    """bench/cv18xx.py's resnet18_224 (11.7 MB of filters, streamed and compressed in slices, the quantized
+    input in the shared region): `npuc run` equals the vendor simulator."""
+    model, table = generated_model("resnet18_224", tmp_path)
+    packed, summary = _build(model, table, chip, "int8", tmp_path / "r.cvimodel", compress=True)
+    assert summary["tdma_decompressing"] > 30 and summary["private_gmem"] == 0
+    feeds = random_feeds(float_graph(model), 11)
+    ours = run_cvimodel(read_cvimodel(packed), feeds)["output"]
+    vendor = run_vendor(packed, feeds)["output"].reshape(ours.shape)
+    assert np.array_equal(ours, vendor)
+    assert len(np.unique(ours)) > 100
