@@ -31,6 +31,9 @@ EXPECTED = {
     "smallcnn_cv182x_int8": ("cv182x", 3032, 7072, "subfunc_1", 3120),
     "smallcnn_cv183x_bf16": ("cv183x", 2712, 12464, "subfunc_0", 3120),
     "smallcnn_cv183x_int8": ("cv183x", 3032, 7072, "subfunc_1", 2856),
+    "onet_tpumlir_cv183x_bf16": ("cv183x", 5448, 781264, "subfunc_0", 11016),
+    "onet_tpumlir_cv183x_int8": ("cv183x", 6024, 394512, "subfunc_1", 11496),
+    "pplcnet_tpumlir_cv183x_int8": ("cv183x", 16528, 1739168, "subfunc_1", 22560),
 }
 
 

@@ -23,6 +23,9 @@ COUNTS = {
     "smallcnn_cv182x_int8": (14, 20),
     "smallcnn_cv183x_bf16": (14, 20),
     "smallcnn_cv183x_int8": (13, 18),
+    "onet_tpumlir_cv183x_bf16": (57, 58),
+    "onet_tpumlir_cv183x_int8": (61, 58),
+    "pplcnet_tpumlir_cv183x_int8": (98, 150),
 }
 
 
