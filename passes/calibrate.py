@@ -40,6 +40,7 @@ import onnx
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph
 from npuc.frontends.onnx import InputShapes, import_model, load_model, pin_input_shapes
+from npuc.passes import shards
 from npuc.passes.calitable import CalibrationTable, table_from_rows
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.histogram import DEFAULT_BINS, THRESHOLD_METHODS, CalibrationStats, load_stats, table_rows
@@ -207,7 +208,7 @@ def plan_calibration(model_path: str | Path, input_shapes: InputShapes | None = 
 class TensorTap:
     """An onnxruntime session of the pinned model that also returns the observed tensors."""
 
-    def __init__(self, plan: CalibrationPlan, batch: int) -> None:
+    def __init__(self, plan: CalibrationPlan, batch: int, threads: int = 0) -> None:
         import onnxruntime as ort
 
         model = onnx.ModelProto()
@@ -225,6 +226,7 @@ class TensorTap:
         options.log_severity_level = 3
         # no busy-waiting between ops: the statistics thread needs a core while onnxruntime runs the next batch
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.intra_op_num_threads = threads  # 0: onnxruntime's default (all cores); workers share the cores
         try:
             data = model.SerializeToString()
             self.session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
@@ -409,23 +411,27 @@ def calibrate(
     range_only: bool = False,
     keep_histograms: bool = False,
     progress: Progress | None = None,
+    jobs: int | None = 1,
+    ray_address: str | None = None,
 ) -> CalibrationResult:
     """Calibrate a model on sample files and build its table.
 
     `ranges`: merged pass-1 statistics of all shards (skips pass 1, so shards bin alike); `range_only`: stop
     after pass 1 (no table); `keep_histograms`: run pass 2 even for `max`, which needs only ranges.
+    `jobs`: worker processes for the two passes (None: one per core; fewer when there are few samples);
+    `ray_address`: run them on a Ray cluster instead (passes/shards.py). The table does not depend on either.
     """
-    pre, options, progress = pre or Preprocess(), options or CalibrationOptions(), progress or _no_progress
+    pre, options, progress = pre or Preprocess(), options or CalibrationOptions(), progress or no_progress
     start = time.perf_counter()
     plan = plan_calibration(model_path, input_shapes)
     files = list_samples(data, limit)
-    tap = TensorTap(plan, options.batch)  # one session for both passes
-    if ranges is None:
-        ranges = collect_ranges(plan, files, pre, options, progress, tap)
-    if range_only or (options.method == "max" and not keep_histograms):
-        stats = ranges
+    histograms = not range_only and (options.method != "max" or keep_histograms)
+    workers = shards.effective_jobs(jobs, len(files))
+    if ray_address or workers > 1:
+        stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
+                                    progress, workers, ray_address)  # fmt: skip
     else:
-        stats = collect_histograms(plan, files, pre, options, ranges, progress, tap)
+        stats = _collect_here(plan, files, pre, options, ranges, histograms, progress)
     table = None if range_only else stats_to_table(stats, options)
     refinement, groupings = None, {}
     if table is not None and (options.tune > 0 or options.refine or options.split_channels > 1):
@@ -445,7 +451,74 @@ def calibrate(
     return CalibrationResult(stats, table, len(files), seconds, plan.skipped, refinement, groupings)
 
 
-def _no_progress(label: str, total: int) -> Callable[[int], None]:
+def _collect_here(
+    plan: CalibrationPlan,
+    files: Sequence[Path],
+    pre: Preprocess,
+    options: CalibrationOptions,
+    ranges: CalibrationStats | None,
+    histograms: bool,
+    progress: Progress,
+) -> CalibrationStats:
+    """Both passes in this process, on one onnxruntime session."""
+    tap = TensorTap(plan, options.batch)
+    if ranges is None:
+        ranges = collect_ranges(plan, files, pre, options, progress, tap)
+    return collect_histograms(plan, files, pre, options, ranges, progress, tap) if histograms else ranges
+
+
+def _collect_on_workers(
+    plan: CalibrationPlan,
+    model_path: str | Path,
+    input_shapes: InputShapes | None,
+    files: Sequence[Path],
+    pre: Preprocess,
+    options: CalibrationOptions,
+    ranges: CalibrationStats | None,
+    histograms: bool,
+    progress: Progress,
+    workers: int,
+    ray_address: str | None,
+) -> CalibrationStats:
+    """Both passes split over worker processes or a Ray cluster; the same statistics as `_collect_here`."""
+    executor = shards.open_executor(workers, ray_address)
+    try:
+        if ray_address:
+            workers = executor.jobs
+
+        def run(label: str, frozen: CalibrationStats | None) -> CalibrationStats:
+            jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, workers, frozen)
+            return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
+
+        if ranges is None:
+            ranges = run("ranges", None)
+        if not histograms:
+            return ranges
+        _check_same_tensors(ranges, plan)
+        return run("histograms", ranges)
+    finally:
+        executor.close()
+
+
+_SESSIONS: dict[tuple, tuple[CalibrationPlan, TensorTap]] = {}  # per worker process, kept between tasks
+
+
+def run_shard(job: shards.ShardJob) -> CalibrationStats:
+    """One chunk of one pass, in a worker; a pure function of `job`. The worker loads the model once."""
+    key = (job.model_path, job.input_shapes, job.batch, job.threads)
+    if key not in _SESSIONS:
+        _SESSIONS.clear()  # one model per worker at a time
+        plan = plan_calibration(job.model_path, dict(job.input_shapes) or None)
+        _SESSIONS[key] = (plan, TensorTap(plan, job.batch, threads=job.threads))
+    plan, tap = _SESSIONS[key]
+    options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max")
+    files = [Path(f) for f in job.files]
+    if job.ranges is None:
+        return collect_ranges(plan, files, job.pre, options, no_progress, tap)
+    return collect_histograms(plan, files, job.pre, options, job.ranges, no_progress, tap)
+
+
+def no_progress(label: str, total: int) -> Callable[[int], None]:
     return lambda n: None
 
 

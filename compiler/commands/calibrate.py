@@ -164,6 +164,14 @@ def register(app: typer.Typer) -> None:
                 "TABLE.refine.npz and replayed by `build --calib TABLE`.",
             ),
         ] = 0,
+        jobs: Annotated[
+            int | None,
+            typer.Option("--jobs", "-j", help="Worker processes (default: one per core, fewer for few samples)."),
+        ] = None,
+        ray: Annotated[
+            str | None,
+            typer.Option("--ray", help="Run the passes on a Ray cluster: auto (the local `ray start`) or its address."),
+        ] = None,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         if (refine or split_channels > 1) and output is None:
@@ -200,6 +208,8 @@ def register(app: typer.Typer) -> None:
                 range_only=range_only,
                 keep_histograms=save_stats_path is not None,
                 progress=progress,
+                jobs=jobs,
+                ray_address=ray,
             )
         if samples is not None and result.samples < samples:
             typer.echo(f"npuc: note: --samples {samples} but only {result.samples} found; used all", err=True)
