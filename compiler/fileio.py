@@ -71,17 +71,3 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     atomic_write_bytes(path, buffer.getvalue())
-
-
-def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Arrays from an .npz (by key) or .npy (one unnamed array, key '')."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"input file not found: {path}; check the path")
-    try:
-        if path.suffix.lower() == ".npy":
-            return {"": np.load(path, allow_pickle=False)}
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
-    except (ValueError, OSError, EOFError) as exc:
-        raise UserError(f"{path}: not a readable .npz/.npy file ({exc}); save inputs with numpy.savez") from None

@@ -13,7 +13,6 @@ Picture preprocessing follows tpu-mlir's convention: resize (bilinear, half-pixe
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +20,13 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from npuc.compiler import arrays
 from npuc.compiler.errors import UserError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 ARRAY_SUFFIXES = (".npz", ".npy")
 LIST_SUFFIX = ".txt"
-MAX_SAMPLE_BYTES = 1 << 31  # one sample larger than this is a wrong file, not calibration data
+MAX_SAMPLE_BYTES = arrays.MAX_ARRAY_BYTES  # one sample larger than this is a wrong file, not calibration data
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as OpenCV and Pillow use
 
 
@@ -199,12 +199,8 @@ def _load_npy(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[
 
 
 def _load_npz(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[str, np.ndarray]:
-    try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise UserError(f"sample {path.name}: not a readable .npz ({exc}); re-save it with numpy.savez") from None
-    with archive:
-        members = {m.filename.removesuffix(".npy"): m for m in archive.infolist()}
+    with arrays.open_npz(path) as archive:
+        members = {arrays.member_key(m): m for m in archive.infolist()}
         wanted = [s.name for s in inputs]
         if len(inputs) == 1 and wanted[0] not in members and len(members) == 1:
             members = {wanted[0]: next(iter(members.values()))}  # a single unnamed array feeds a single input
@@ -214,14 +210,7 @@ def _load_npz(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[
                 f"sample {path.name}: no array for input(s) {', '.join(missing)} (keys: "
                 f"{', '.join(sorted(members)) or 'none'}); save the sample with the model's input names as keys"
             )
-        out = {}
-        for name in wanted:
-            try:
-                with archive.open(members[name]) as f:
-                    out[name] = _read_array(f, path, f"{path.name}[{name}]")
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                raise UserError(f"sample {path.name}: member {name!r} is corrupt ({exc}); re-save it") from None
-        return out
+        return {name: arrays.read_member(archive, members[name], f"sample {path.name}[{name}]") for name in wanted}
 
 
 def _open(path: Path):
@@ -232,26 +221,8 @@ def _open(path: Path):
 
 
 def _read_array(f, path: Path, where: str) -> np.ndarray:
-    """Read one .npy stream, checking its header (size, dtype, no pickles) before reading any data."""
-    fmt = np.lib.format
-    try:
-        version = fmt.read_magic(f)
-        header = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
-        if header is None:
-            raise ValueError(f"unsupported .npy version {version}")
-        shape, fortran, dtype = header(f)
-    except (ValueError, OSError, EOFError) as exc:
-        raise UserError(f"sample {where}: not a .npy array ({exc}); save it with numpy.save") from None
-    if dtype.hasobject or dtype.kind not in "biuf":
-        raise UserError(f"sample {where}: dtype {dtype} is not numeric; save float32 arrays")
-    count = int(np.prod(shape, dtype=np.int64))
-    if count * dtype.itemsize > MAX_SAMPLE_BYTES:
-        raise UserError(f"sample {where}: shape {_dims(shape)} is too large for one sample; check the file")
-    data = f.read(count * dtype.itemsize)
-    if len(data) != count * dtype.itemsize:
-        raise UserError(f"sample {where}: truncated ({len(data)} of {count * dtype.itemsize} data bytes); re-save it")
-    array = np.frombuffer(data, dtype=dtype, count=count)
-    return array.reshape(shape, order="F" if fortran else "C")
+    """Read one .npy file, checking its header (size, dtype, no pickles) before reading any data."""
+    return arrays.read_npy_stream(f, f"sample {where}", MAX_SAMPLE_BYTES, size=path.stat().st_size)
 
 
 def _load_image(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[str, np.ndarray]:

@@ -25,8 +25,8 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from npuc.compiler.arrays import load_arrays
 from npuc.compiler.errors import UserError
-from npuc.compiler.fileio import load_arrays
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS

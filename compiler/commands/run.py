@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import typer
+from npuc.compiler.arrays import load_arrays
 from npuc.compiler.artifacts import ArtifactOptions, TensorSpec, detect
 from npuc.compiler.errors import UserError
-from npuc.compiler.fileio import load_arrays, save_npz
+from npuc.compiler.fileio import save_npz
 from npuc.frontends.onnx import parse_input_shapes
 
 
