@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import glob
 import io
 import os
 import shutil
@@ -14,16 +16,48 @@ import numpy as np
 from .errors import UserError
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def check_output_file(path: Path) -> Path:
+    """An output file path that names a file (not a folder, device or nothing) in an existing folder."""
     path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise UserError(f"-o {str(path)!r} names no file; give a file path such as out/model.bin")
+    _check_name_length(path)
+    if path.is_dir():
+        raise UserError(f"-o {path} is a folder; give a file path inside it, such as {path / 'model'}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"-o {path} is not a regular file (a device or pipe); give a file path")
     if not path.parent.is_dir():
         raise UserError(f"output folder {path.parent} does not exist; create it or choose another -o")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    return path
+
+
+NAME_MAX = 255  # bytes in one path component on Linux file systems
+
+
+def _check_name_length(path: Path) -> None:
+    if len(os.fsencode(path.name)) > NAME_MAX:
+        raise UserError(f"-o {path.name[:40]}...: the name is longer than {NAME_MAX} bytes; choose a shorter -o")
+
+
+def _cannot_write(path: Path, exc: OSError) -> UserError:
+    reason = exc.strerror or type(exc).__name__
+    return UserError(f"cannot write {path}: {reason}; choose a writable folder for -o and shorter names (-o, --name)")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = check_output_file(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", dir=path.parent)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _cannot_write(path, exc) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -39,13 +73,20 @@ def atomic_write_tree(
     """Write `files` (relative path -> bytes) into a temporary folder beside `output`, run `finish(tmp)`, then
     swap the folder into place; a failure at any point leaves `output` as it was."""
     output = Path(output)
+    if output.name in ("", ".", ".."):
+        raise UserError(f"-o {str(output)!r} names no folder; give a new or existing output folder such as out/model")
+    _check_name_length(output)
     if make_parent:
         output.parent.mkdir(parents=True, exist_ok=True)
     if not output.parent.is_dir():
         raise UserError(f"output folder {output.parent} does not exist; create it or choose another -o")
     if output.exists() and not output.is_dir():
         raise UserError(f"{output} is a file; {what} writes a folder, choose another -o")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    _remove_stale_temps(output)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(output, os.getpid()), dir=output.parent))
+    except OSError as exc:
+        raise _cannot_write(output, exc) from None
     try:
         for rel, data in sorted(files.items()):
             path = tmp / rel
@@ -55,16 +96,63 @@ def atomic_write_tree(
         if finish is not None:
             finish(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; artifacts are meant to be shared
-        old = None
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-            os.replace(output, old / output.name)
-        os.replace(tmp, output)
-        if old is not None:
+        if output.exists() and _exchange(tmp, output):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old tree
+        elif output.exists():  # no atomic exchange here: a kill between the renames leaves the old tree in tmp
+            old = tmp.with_name(tmp.name + ".old")
+            os.replace(output, old)
+            os.replace(tmp, output)
             shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _cannot_write(output, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE), so `b` is never missing; False where the
+    system has no such call."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # kernel or file system without it
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _temp_prefix(output: Path, pid: int) -> str:
+    return f".{output.name[:64]}.npuc-{pid}."
+
+
+def _remove_stale_temps(output: Path) -> None:
+    """Temporary folders of earlier runs for this output whose process is gone (killed mid-write)."""
+    for stale in output.parent.glob(f".{glob.escape(output.name[:64])}.npuc-*"):
+        pid = stale.name[len(f".{output.name[:64]}.npuc-") :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:

@@ -356,6 +356,7 @@ def _assemble(
 
 def build(request: BuildRequest) -> BuildResult:
     data, summary = compile_cvimodel(request)
-    out = request.output if request.output.suffix else request.output.with_suffix(".cvimodel")
+    given = request.output  # an existing path (a folder, /dev/null) is kept as given and refused on writing
+    out = given if given.suffix or os.path.exists(given) or not given.name else given.with_suffix(".cvimodel")
     atomic_write_bytes(Path(out), data)
     return BuildResult([Path(out)], summary)
