@@ -99,3 +99,16 @@ def test_bf16_models_reproduce_vendor_outputs(stem: str, model_input: np.ndarray
     value = bf16_to_f32(value) if value.dtype == np.uint16 else value.astype(np.float32)
     vendor = np.load(GOLDEN / "smallcnn_vendor_sim_outputs.npz")[stem]
     np.testing.assert_array_equal(value.reshape(-1), vendor.reshape(-1))
+
+
+def test_exponent_index_move_maps_powers_of_two_and_refuses_the_unknown() -> None:
+    """`mv_lut_idx`: 1.0 -> 63, 2^k -> 63 + k, the sign in bit 7 (tpu-mlir's reciprocal tables); zero has no
+    known index and is an error, not a guess."""
+    from npuc.backends.cv18xx.sim import _exponent_index
+    from npuc.backends.cv18xx.sim_tiu import f32_to_bf16
+    from npuc.compiler.errors import UnsupportedError
+
+    bits = f32_to_bf16(np.array([1.0, 1.5, 4.0, 0.25, -1.0, 2.0**62, 2.0**-63], np.float32))
+    assert _exponent_index(bits).tolist() == [63, 63, 65, 61, 128 + 63, 125, 0]
+    with pytest.raises(UnsupportedError, match="lookup-index move of 0"):
+        _exponent_index(f32_to_bf16(np.array([0.0], np.float32)))

@@ -41,6 +41,20 @@ def _tdma_addr(f: dict[str, int], side: str, is_global: bool, chip: ChipSpec) ->
     return (f[f"{side}_base_reg_sel"], addr - chip.gmem_base) if is_global else (-1, addr)
 
 
+def _exponent_index(bits: np.ndarray) -> np.ndarray:
+    """`mv_lut_idx`: a bf16 becomes the index of its power of two in an exponent lookup table — the sign in
+    bit 7, the unbiased exponent + 63 in bits 0..6 (tpu-mlir's tables hold 2^(63 - index) there)."""
+    bits = bits.astype(np.uint16)
+    exponent = ((bits >> 7) & 0xFF).astype(np.int64)
+    outside = (exponent < 64) | (exponent > 190)
+    if outside.any():  # zeros, subnormals, huge and tiny values: the hardware's index there is not known
+        value = bf16_to_f32(bits[outside][:1])[0]
+        raise UnsupportedError(
+            f"TDMA lookup-index move of {value:g} (bf16 exponent outside 2^-63..2^63) is not simulated"
+        )
+    return ((bits >> 15) << 7) | (exponent - 64).astype(np.uint16)
+
+
 def tdma_convert(values: np.ndarray, src: str, dst: str, toward_zero: bool = False) -> np.ndarray:
     """A TDMA format conversion: int8 -> bf16 is exact; bf16 -> int8 rounds to nearest even (`int8_rnd_mode`
     0) or toward zero (1) and saturates."""
@@ -81,6 +95,11 @@ class Machine:
             raise UnsupportedError("TDMA compressing store (VLC) is not simulated yet")
         if src_fmt is None or dst_fmt is None or f["spec_func"] not in (0, 4):
             raise UnsupportedError(f"TDMA mode spec_func={f['spec_func']} fmt={f['src_fmt']} is not simulated yet")
+        if f["mv_lut_base"] or (f["mv_lut_idx"] and (src_fmt, dst_fmt, direction) != ("bf16", "bf16", 3)):
+            raise UnsupportedError(
+                f"TDMA lookup-index move (mv_lut_idx={f['mv_lut_idx']} mv_lut_base={f['mv_lut_base']}) "
+                f"from {src_fmt} to {dst_fmt} is not simulated yet"
+            )
         s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
         src_region, src_addr = _tdma_addr(f, "src", src_global, self.chip)
         dst_region, dst_addr = _tdma_addr(f, "dst", dst_global, self.chip)
@@ -100,6 +119,8 @@ class Machine:
             src_strides = (f["src_n_stride"], src_cs, f["src_h_stride"], s_esz)
             values = self._access(src_region, src_addr, src_shape, src_strides, src_fmt)
             values = tdma_convert(values, src_fmt, dst_fmt, bool(f["int8_rnd_mode"]))
+            if f["mv_lut_idx"]:
+                values = _exponent_index(values)
         if values.size != np.prod(dst_shape):
             raise CorruptFileError(f"TDMA moves {src_shape} into {dst_shape}: element counts differ")
         dst_strides = (f["dst_n_stride"], dst_cs, f["dst_h_stride"], d_esz)

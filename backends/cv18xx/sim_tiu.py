@@ -285,7 +285,8 @@ def tiu_mul(ctx: TiuContext) -> None:
     f = ctx.f
     if ctx.bf16:  # subnormal operands read as zero (a subnormal times 1.625 gives 0 on the vendor's); the
         # relu flag applies (the vendor's bf16 Mul -> Relu result has no negative value)
-        prod = flush_subnormal(flush_subnormal(ctx.read("opd0")) * flush_subnormal(ctx.operand("opd1")))
+        with np.errstate(over="ignore"):  # overflow becomes Inf, which f32_to_bf16 clamps
+            prod = flush_subnormal(flush_subnormal(ctx.read("opd0")) * flush_subnormal(ctx.operand("opd1")))
         ctx.write_res(np.maximum(prod, 0) if f["opt_relu_typ"] else prod)
         return
     prod = ctx.read("opd0") * ctx.operand("opd1")
@@ -302,7 +303,8 @@ def tiu_mac(ctx: TiuContext) -> None:
     if ctx.bf16:
         prev = bf16_to_f32(ctx.lmem.read(f["res0_addr"], ctx.shape("res0"), ctx.strides("res0"), "bf16"))
         a, b, prev = (flush_subnormal(v) for v in (ctx.read("opd0"), ctx.operand("opd1"), prev))
-        acc = flush_subnormal(a * b + (prev if f["opt_res_add"] else 0))
+        with np.errstate(over="ignore"):
+            acc = flush_subnormal(a * b + (prev if f["opt_res_add"] else 0))
         ctx.write_res(np.maximum(acc, 0) if f["opt_relu_typ"] else acc)
         return
     acc = ctx.read("opd0") * ctx.operand("opd1")
@@ -310,6 +312,19 @@ def tiu_mac(ctx: TiuContext) -> None:
         acc = acc + (ctx.read_res16() << f["opt_left_shift"])
     bits = 8 if f["opt_res0_seg"] else 16
     ctx.write_res(saturate(round_shift(acc, f["opt_res_shift"]), bool(f["opt_relu_typ"]), bits))
+
+
+def _bf16_arith(op: Callable[[np.ndarray, np.ndarray], np.ndarray], name: str) -> Callable[[TiuContext], None]:
+    """bf16 add / sub: the fp32 result of two bf16 operands (subnormals read and written as zero), then the
+    relu flag and rounding to bf16. The int8 forms (16-bit operand planes and shifts) are not modelled."""
+
+    def kernel(ctx: TiuContext) -> None:
+        if not ctx.bf16:
+            raise UnsupportedError(f"TIU operation {name} on int8 operands is not simulated yet")
+        out = flush_subnormal(op(flush_subnormal(ctx.read("opd0")), flush_subnormal(ctx.operand("opd1"))))
+        ctx.write_res(np.maximum(out, 0) if ctx.f["opt_relu_typ"] else out)
+
+    return kernel
 
 
 def _bitwise(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[TiuContext], None]:
@@ -331,16 +346,24 @@ def _extreme(op: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[Ti
 
 
 def tiu_matmul(ctx: TiuContext) -> None:
-    """res0[rows, cols] = opd0[rows, K] @ opd1[K, cols] (+ bias planes); matrices in the lmem matrix layout."""
+    """res0[rows, cols] = opd0[rows, K] @ opd1[K, cols] (+ bias planes); matrices in the lmem matrix layout.
+
+    The left matrix holds its K columns in opd0_c groups of opd0_w, the last group opd1_w wide (that is what
+    the opd1_w field carries); the right matrix is K rows of the result's column groups (opd1_c x res0_w)."""
     f = ctx.f
     if f["ps32_md"]:
         raise UnsupportedError("partial-sum (ps32) matmul is not simulated yet")
     rows, c0, _, w0 = ctx.shape("opd0")
-    k, c1, _, w1 = ctx.shape("opd1")
+    k, c1, _, last = ctx.shape("opd1")
     _, rc, _, rw = ctx.shape("res0")
-    if c0 * w0 != k:  # the hardware asserts the same
-        raise CorruptFileError(f"matmul: the left matrix has {c0}x{w0} columns, the right {k} rows")
-    left = ctx.read("opd0", (rows, c0, 1, w0)).reshape(rows, c0 * w0)
+    if c0 == 0 or (c0 - 1) * w0 + last != k or not 0 < last <= w0:  # the hardware asserts the same
+        raise CorruptFileError(
+            f"matmul: the left matrix's {c0} column groups of {w0} (last {last}) do not make the right's {k} rows"
+        )
+    if c1 != rc:
+        raise CorruptFileError(f"matmul: the right matrix has {c1} column groups, the result {rc}")
+    w1 = rw  # the right matrix's and the bias's column-group width
+    left = ctx.read("opd0", (rows, c0, 1, w0)).reshape(rows, c0 * w0)[:, :k]
     right = ctx.read("opd1", (k, c1, 1, w1)).reshape(k, c1 * w1)
     acc = left.astype(np.float64) @ right if ctx.bf16 else left @ right
     if ctx.bf16:
@@ -399,6 +422,8 @@ TIU_KERNELS: dict[str, Callable[[TiuContext], None]] = {
     "or": _bitwise(np.bitwise_or),
     "xor": _bitwise(np.bitwise_xor),
     "copy": tiu_copy,
+    "add": _bf16_arith(np.add, "add"),
+    "sub": _bf16_arith(np.subtract, "sub"),
     "max": _extreme(np.maximum),
     "min": _extreme(np.minimum),
     "lookup": tiu_lookup,
