@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.container import read_cvimodel
-from npuc.backends.cv18xx.sim import cpu_quant, load_program, run_cvimodel, tensor_view
+from npuc.backends.cv18xx.sim import load_program, run_cvimodel, tensor_view
+from npuc.backends.cv18xx.sim_cpu import cpu_quant
 from npuc.backends.cv18xx.sim_tiu import (
     bf16_to_f32,
     f32_to_bf16,
@@ -57,7 +58,7 @@ def test_int8_golden_matches_vendor_simulator_bit_exactly(
 
 def test_cpu_quant_rounds_half_away_from_zero() -> None:
     x = np.array([0.5, -0.5, 1.5, -1.5, 2.49, 200.0, -200.0, 0.0], np.float32)
-    got = cpu_quant({"from": "FP32", "to": "INT8", "scale": 1.0}, [x], np.int8)
+    (got,) = cpu_quant({"from": "FP32", "to": "INT8", "scale": 1.0}, [x], [(np.dtype(np.int8), x.shape)])
     assert got.tolist() == [1, -1, 2, -2, 2, 127, -128, 0]
 
 

@@ -9,6 +9,7 @@ memory is lanes x lmem_size bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, model_schema
+from npuc.backends.cv18xx.sim_cpu import CPU_FUNCTIONS
 from npuc.backends.cv18xx.sim_mem import FORMATS, MAX_ACCESS_BYTES, GlobalMemory, LocalMemory
 from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, bf16_to_f32, f32_to_bf16
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
@@ -190,39 +192,6 @@ class Machine:
                 ) from exc
 
 
-# ---- CPU routines ---------------------------------------------------------------------------------------
-
-
-def cpu_quant(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type, shape: tuple = ()) -> np.ndarray:
-    """Built-in `quant`: float -> int8 as round-half-away-from-zero(x * scale), saturated."""
-    if (args.get("from"), args.get("to")) != ("FP32", "INT8"):
-        raise UnsupportedError(f"CPU quant from {args.get('from')} to {args.get('to')} is not simulated")
-    x = inputs[0].astype(np.float32) * np.float32(args["scale"])
-    rounded = np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
-    return np.clip(rounded, -128, 127).astype(out_dtype)
-
-
-def cpu_softmax(args: dict[str, Any], inputs: list[np.ndarray], out_dtype: type, shape: tuple = ()) -> np.ndarray:
-    """Built-in `softmax` over `axis` in fp32: exp(x - m) / sum, rounded the way the vendor runtime rounds.
-
-    The runtime seeds the running maximum of every outer row with the tensor's *first* row, so m is
-    max(row, first row) rather than max(row); the quotient is the same number, but rounded differently where
-    the first row holds the larger value. The sum accumulates in fp32 in axis order."""
-    x = inputs[0].astype(np.float32).reshape(shape)
-    axis = int(args.get("axis", 1))
-    if not 0 <= axis < x.ndim:
-        raise CorruptFileError(f"CPU softmax axis {axis} is outside the {x.ndim}-D input")
-    rows = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis], -1)
-    m = np.maximum(rows[0, 0], rows.max(axis=1))[:, None, :]
-    # exp rounded once from double, like the C library's expf (numpy's float32 exp can differ by an ulp)
-    e = np.exp((rows - m).astype(np.float64)).astype(np.float32)
-    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1:, :]
-    return (e / total).reshape(x.shape).astype(out_dtype)
-
-
-CPU_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {"quant": cpu_quant, "softmax": cpu_softmax}
-
-
 # ---- whole model ----------------------------------------------------------------------------------------
 
 
@@ -244,6 +213,15 @@ def load_program(model: CviModel, inputs: dict[str, np.ndarray], program: int = 
         view = tensor_view(machine.gmem, tensors[name])
         view[:] = np.asarray(inputs[name]).astype(view.dtype).reshape(-1)[: view.size]
     return machine
+
+
+def _shaped_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
+    """A tensor's gmem bytes as an array of its 4-D shape (the shape must account for its size)."""
+    flat = tensor_view(gmem, t)
+    shape = tuple(int(d) for d in t.shape.dim[:4])
+    if math.prod(shape) != flat.size:
+        raise CorruptFileError(f"tensor {t.name!r}: shape {shape} does not match its {flat.size} elements")
+    return flat.reshape(shape)
 
 
 def tensor_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
@@ -277,10 +255,16 @@ def run_routines(model: CviModel, machine: Machine, program: int = 0, run_tpu: T
         if fn is None:
             raise UnsupportedError(f"CPU function {r.cpu_routine.function_section!r} is not simulated")
         args = decode_cpu_args(r.cpu_routine.function_args)
-        ins = [tensor_view(machine.gmem, tensors[n]) for n in r.in_tensors]
-        out = tensor_view(machine.gmem, tensors[r.out_tensors[0]])
-        shape = tuple(tensors[r.in_tensors[0]].shape.dim[:4])
-        out[:] = fn(args, ins, out.dtype, shape).reshape(-1)
+        ins = [_shaped_view(machine.gmem, tensors[n]) for n in r.in_tensors]
+        outs = [_shaped_view(machine.gmem, tensors[n]) for n in r.out_tensors]
+        results = fn(args, ins, [(o.dtype, o.shape) for o in outs])
+        if len(results) != len(outs) or not outs:
+            raise CorruptFileError(
+                f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(outs)} output tensors, "
+                f"it produces {len(results)}"
+            )
+        for view, value in zip(outs, results):
+            view[...] = value
 
 
 def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> dict[str, np.ndarray]:

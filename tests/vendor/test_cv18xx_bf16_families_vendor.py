@@ -31,7 +31,8 @@ from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.isa import ENGINE_TIU
-from npuc.backends.cv18xx.sim import cpu_softmax, run_cvimodel
+from npuc.backends.cv18xx.sim import run_cvimodel
+from npuc.backends.cv18xx.sim_cpu import cpu_softmax
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.conv import conv2d_nchw
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
@@ -319,7 +320,7 @@ def test_bf16_softmax_tail_runs_on_the_cpu(chip: str, tmp_path: Path) -> None:
     qgraph = quantize(copy.deepcopy(float_graph(model)), None, "cv18xx_bf16")
     (softmax,) = [op for op in qgraph.ops if op.kind == "softmax"]
     logits = run(qgraph, feeds, kernels=QUANT_KERNELS, keep_all=True)[softmax.inputs[0]]
-    want = cpu_softmax({"axis": 1}, [logits], np.float32, logits.shape)
+    (want,) = cpu_softmax({"axis": 1}, [logits], [(np.dtype(np.float32), logits.shape)])
     assert _same(want.reshape(ours.shape), vendor)
     assert np.count_nonzero(ours.view(np.uint32) & 0xFFFF) >= 9  # fp32 probabilities, not bf16 ones
     assert abs(float(ours.sum()) - 1.0) < 1e-6
