@@ -115,9 +115,10 @@ class TiuContext:
     def fmt(self, p: str) -> str:
         return "bf16" if self.bf16 else ("i8" if self.f.get(f"opt_{p}_sign", 1) else "u8")
 
-    def read(self, p: str, shape: Shape | None = None) -> np.ndarray:
+    def read(self, p: str, shape: Shape | None = None, addr: int | None = None) -> np.ndarray:
         shape = shape or self.shape(p)
-        v = self.lmem.read(self.f[f"{p}_addr"], shape, self.strides(p, shape), self.fmt(p))
+        addr = self.f[f"{p}_addr"] if addr is None else addr
+        v = self.lmem.read(addr, shape, self.strides(p, shape), self.fmt(p))
         return bf16_to_f32(v) if self.bf16 else v.astype(np.int64)
 
     def const(self, p: str) -> np.ndarray:
@@ -125,6 +126,13 @@ class TiuContext:
         if self.bf16:
             return bf16_to_f32(np.array(raw, np.uint16))
         return np.int64(raw - 256 if self.f.get(f"opt_{p}_sign", 0) and raw & 0x80 else raw & 0xFF)
+
+    def in_result_lanes(self, p: str) -> int:
+        """The address of a per-output-channel operand (conv/depthwise filters and parameters) as the TIU uses
+        it: its offset within the lane, in the lanes of the result's channels — a conv whose result starts in
+        lane L reads channel c's filter from lane L + c, whatever lane the operand's address names."""
+        size = self.lmem.size
+        return (self.f["res0_addr"] // size) * size + self.f[f"{p}_addr"] % size
 
     def operand(self, p: str) -> np.ndarray:
         return self.const(p) if self.f[f"opt_{p}_const"] else self.read(p)
@@ -150,7 +158,7 @@ class TiuContext:
     def channel_params(self, oc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-channel (bias, multiplier, shift) records at opd2: 9 bytes each, 5 without a bias."""
         rec = 9 if self.f["tsk_opd_num"] == 3 else 5
-        raw = self.lmem.read(self.f["opd2_addr"], (1, oc, 1, rec), (0, rec, 0, 1), "u8").reshape(oc, rec)
+        raw = self.lmem.read(self.in_result_lanes("opd2"), (1, oc, 1, rec), (0, rec, 0, 1), "u8").reshape(oc, rec)
         words = raw[:, : rec - 1].copy().view("<u4").astype(np.int64)
         bias = words[:, 0].astype(np.int32).astype(np.int64) if rec == 9 else np.zeros(oc, np.int64)
         return bias, words[:, -1], raw[:, -1].astype(np.int64)
@@ -205,10 +213,10 @@ def _bf16_bias(ctx: TiuContext, oc: int) -> np.ndarray:
     """fp32 bias of a bf16 conv: a high-16 plane, then a low-16 plane one plane of the conv's own `oc` further
     (ceil(oc / lanes) x 2 bytes). The vendor simulator takes that distance from oc, not from opd2_b_str: a
     bias view into a wider parameter tensor reads the wrong low halves there (checked on cv181x and cv183x)."""
-    f = ctx.f
     strides = default_strides((1, oc, 1, 1), 2, ctx.chip.lanes, ctx.chip.eu_bytes, eu_align=False)
-    hi = ctx.lmem.read(f["opd2_addr"], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
-    lo = ctx.lmem.read(f["opd2_addr"] + strides[0], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
+    addr = ctx.in_result_lanes("opd2")
+    hi = ctx.lmem.read(addr, (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
+    lo = ctx.lmem.read(addr + strides[0], (1, oc, 1, 1), strides, "bf16").astype(np.uint32)
     return ((hi << 16) | lo).view(np.float32).astype(np.float64)
 
 
@@ -240,11 +248,12 @@ def _finish(ctx: TiuContext, acc: np.ndarray) -> None:
 
 
 def tiu_conv(ctx: TiuContext) -> None:
-    f = ctx.f
     x = ctx.read("opd0")
     ic, oc, kh, kw = ctx.shape("opd1")
     e = ctx.esz  # weights are packed per output channel as [kh][kw][ic]
-    w = ctx.lmem.read(f["opd1_addr"], (1, oc, kh * kw, ic), (0, kh * kw * ic * e, ic * e, e), ctx.fmt("opd1"))
+    w = ctx.lmem.read(
+        ctx.in_result_lanes("opd1"), (1, oc, kh * kw, ic), (0, kh * kw * ic * e, ic * e, e), ctx.fmt("opd1")
+    )
     w = (bf16_to_f32(w) if ctx.bf16 else w.astype(np.int64)).reshape(oc, kh, kw, ic).transpose(0, 3, 1, 2)
     win = _windows(ctx, x, kh, kw, 0)
     if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (quantized/bf16_conv.py)
@@ -256,7 +265,7 @@ def tiu_conv(ctx: TiuContext) -> None:
 def tiu_depthwise(ctx: TiuContext) -> None:
     x = ctx.read("opd0")
     n, c, kh, kw = ctx.shape("opd1")
-    w = ctx.operand("opd1")
+    w = ctx.const("opd1") if ctx.f["opt_opd1_const"] else ctx.read("opd1", addr=ctx.in_result_lanes("opd1"))
     win = _windows(ctx, x, kh, kw, 0)
     if ctx.bf16:
         filters = np.broadcast_to(np.asarray(w, np.float32), (1, c, kh, kw)).reshape(c, 1, kh, kw)
