@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -410,7 +409,6 @@ def test_fuzz_own_bmodel_runs_or_rejects(lenet_bmodel):
     x = np.fromfile(GOLDEN / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)
     rng = random.Random("bm1880-build-fuzz")
     outcomes = {"ran": 0, "rejected": 0}
-    start = time.monotonic()
     for _ in range(FUZZ_MUTATIONS):
         buf = bytearray(data)
         span = hot if rng.random() < 0.8 else len(buf)
@@ -430,4 +428,3 @@ def test_fuzz_own_bmodel_runs_or_rejects(lenet_bmodel):
         except (CorruptFileError, UserError):
             outcomes["rejected"] += 1
     assert outcomes["ran"] > FUZZ_MUTATIONS // 10 and outcomes["rejected"] > FUZZ_MUTATIONS // 10
-    assert time.monotonic() - start < 90

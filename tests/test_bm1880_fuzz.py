@@ -7,7 +7,6 @@ unsupported content) — never another exception or a hang.
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 from golden import GOLDEN_ROOT
@@ -53,12 +52,10 @@ def test_mutations_parse_or_raise_corrupt(name):
     original = read_bmodel(data)
     rng = random.Random(f"bm1880-fuzz-{name}")
     outcomes = {"parsed": 0, "rejected": 0}
-    start = time.monotonic()
     for _ in range(MUTATIONS):
         outcomes[_exercise(mutate(data, rng, 600, 0.5), original, deep=name == "json")] += 1
     assert outcomes["parsed"] + outcomes["rejected"] == MUTATIONS
     assert outcomes["rejected"] > MUTATIONS // 10  # the header-aimed half must trip the validators
-    assert time.monotonic() - start < 20
 
 
 def test_truncation_at_every_header_byte():

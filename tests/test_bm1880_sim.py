@@ -4,7 +4,6 @@ hand-built descriptors against numpy, and `npuc run` on damaged bmodels (seeded 
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -218,7 +217,6 @@ def test_fuzz_run_parses_runs_or_rejects(pnet, tmp_path):
     feed = {"input": _face_tensor(12, 12).transpose(0, 3, 2, 1)}
     rng = random.Random("bm1880-sim-fuzz")
     outcomes = {"ran": 0, "rejected": 0}
-    start = time.monotonic()
     for _ in range(FUZZ_MUTATIONS):
         data = mutate(single, rng, hot, 0.7)
         try:
@@ -227,7 +225,6 @@ def test_fuzz_run_parses_runs_or_rejects(pnet, tmp_path):
         except (CorruptFileError, UserError):
             outcomes["rejected"] += 1
     assert outcomes["ran"] > FUZZ_MUTATIONS // 10 and outcomes["rejected"] > FUZZ_MUTATIONS // 10
-    assert time.monotonic() - start < 60
     # and through the CLI: exit 0 or 2, never an internal error (1)
     np.savez(tmp_path / "in.npz", **feed)
     codes = set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
-import time
 from collections.abc import Callable
 
 from golden import GOLDEN_ROOT
@@ -109,7 +108,6 @@ def test_fuzz_never_crashes() -> None:
     assert len(mutators) == 6
     outcomes: dict[str, int] = {}
     failures = []
-    start = time.monotonic()
     for kind_index, (kind, mutate) in enumerate(mutators.items()):
         for i in range(ROUNDS_PER_KIND):
             rng = random.Random(kind_index * 100_000 + i)
@@ -120,14 +118,12 @@ def test_fuzz_never_crashes() -> None:
                 failures.append(f"{kind} seed {i}: {type(exc).__name__}: {exc}")
                 continue
             outcomes[f"{kind}:{outcome}"] = outcomes.get(f"{kind}:{outcome}", 0) + 1
-    elapsed = time.monotonic() - start
     assert failures == [], failures[:5]
     assert sum(outcomes.values()) == 6 * ROUNDS_PER_KIND
     # every kind of damage is caught at least sometimes, and some mutations still parse
     for kind in mutators:
         assert outcomes.get(f"{kind}:rejected", 0) + outcomes.get(f"{kind}:cmdbuf rejected", 0) > 0, kind
     assert outcomes.get("truncate:parsed", 0) == 0
-    assert elapsed < 60, elapsed
 
 
 def _run_damaged(data: bytes, section: str, damage, rounds: int, seed: int) -> dict[str, int]:  # noqa: ANN001

@@ -20,14 +20,14 @@ from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from . import isa
 from .cmdbuf import Instruction, decode_cmdbuf, gdma_direction, gmem_refs
 from .container import BModel, Command, TensorInfo
-from .sim_bd import MAX_ELEMENTS, run_bd
+from .sim_bd import MAX_ELEMENTS, default_strides, run_bd
 
 MAX_NEURON_SIZE = 1 << 28  # 256 MiB: far above any BM1880 net (the board has 1 GiB DDR for everything)
 AREAS = {"neuron": isa.FLAG_NEURON, "weight": isa.FLAG_WEIGHT}
 LMEM = -1  # pseudo-region of an lmem operand
 # (src_fmt, dst_fmt) of the int8 tensor moves in every production cmdbuf (specs/bm1880.md §6 item 5)
 GDMA_INT8_FORMATS = {(4, 1)}
-GDMA_UNSUPPORTED_FLAGS = ("broadcast", "add_result", "hold_value", "is_matrix", "special_func")
+GDMA_UNSUPPORTED_FLAGS = ("broadcast", "add_result", "hold_value", "special_func")
 
 
 def input_name(index: int) -> str:
@@ -79,21 +79,61 @@ class Machine:
         """A byte-tensor move between gmem and lmem (or within one), with the descriptor's strides."""
         f = ins.fields
         unsupported = [k for k in GDMA_UNSUPPORTED_FLAGS if f[k]]
-        if unsupported or not f["stride_en"] or (f["src_fmt"], f["dst_fmt"]) not in GDMA_INT8_FORMATS:
-            what = ", ".join(unsupported) or f"stride_en={f['stride_en']} src_fmt={f['src_fmt']} dst_fmt={f['dst_fmt']}"
-            raise UnsupportedError(f"GDMA mode ({what}) is not simulated; only strided int8 tensor moves are")
+        if unsupported or (f["src_fmt"], f["dst_fmt"]) not in GDMA_INT8_FORMATS:
+            what = ", ".join(unsupported) or f"src_fmt={f['src_fmt']} dst_fmt={f['dst_fmt']}"
+            raise UnsupportedError(f"GDMA mode ({what}) is not simulated; only int8 tensor and matrix moves are")
         refs = {ref.operand: ref.offset for ref in gmem_refs(ins)}
         src = self._side(ins, "src", refs)
         dst = self._side(ins, "dst", refs)
         n = f["src_n"]
+        if f["is_matrix"]:
+            self._gdma_matrix(f, src, dst)
+            return
         src_shape = (n, f["src_c"], f["src_h"], f["src_w"])
         dst_shape = (n, f["dst_c"], f["dst_h"], f["dst_w"])
         if np.prod(src_shape, dtype=np.int64) != np.prod(dst_shape, dtype=np.int64):
             raise CorruptFileError(f"GDMA moves {src_shape} into {dst_shape}: element counts differ")
-        src_strides = (f["src_n_stride"], f["src_c_stride"], f["src_h_stride"], 1)
-        dst_strides = (f["dst_n_stride"], f["dst_c_stride"], f["dst_h_stride"], 1)
+        if f["stride_en"]:
+            src_strides = (f["src_n_stride"], f["src_c_stride"], f["src_h_stride"], 1)
+            dst_strides = (f["dst_n_stride"], f["dst_c_stride"], f["dst_h_stride"], 1)
+        else:  # implied strides: packed in gmem, BMKernel's EU-aligned default layout in lmem
+            src_strides = _implied_strides(src[0], src_shape)
+            dst_strides = _implied_strides(dst[0], dst_shape)
         values = self._access(*src, src_shape, src_strides)
         self._access(*dst, dst_shape, dst_strides, values.reshape(dst_shape))
+
+    def _gdma_matrix(self, f: dict[str, int], src: tuple[int, int], dst: tuple[int, int]) -> None:
+        """Matrix mode (FC operands): a gmem matrix of `rows` x `cols` bytes with a row pitch in h_stride, and
+        the lmem matrix layout (rows, column groups c, 1, group width w) whose first `cols` columns it fills."""
+        if f["direction"] == 0:  # S2L: gmem rows x src_w -> lmem (rows, dst_c, 1, dst_w)
+            rows, cols, pitch = f["src_n"], f["src_w"], f["src_h_stride"]
+            local, glob = dst, src
+            groups, width = f["dst_c"], f["dst_w"]
+            lstrides = (f["dst_n_stride"], f["dst_c_stride"], f["dst_h_stride"], 1)
+            if f["src_h"] != rows or f["dst_h"] != 1:
+                raise CorruptFileError(f"GDMA matrix load: {rows} rows but src_h {f['src_h']}, dst_h {f['dst_h']}")
+        elif f["direction"] == 1:  # L2S: lmem (rows, src_c, 1, src_w) -> gmem dst_h x dst_w
+            rows, cols, pitch = f["src_n"], f["dst_w"], f["dst_h_stride"]
+            local, glob = src, dst
+            groups, width = f["src_c"], f["src_w"]
+            lstrides = (f["src_n_stride"], f["src_c_stride"], f["src_h_stride"], 1)
+            if f["dst_h"] != rows or f["src_h"] != 1:
+                raise CorruptFileError(f"GDMA matrix store: {rows} rows but dst_h {f['dst_h']}, src_h {f['src_h']}")
+        else:
+            raise UnsupportedError(f"GDMA matrix mode with direction {f['direction']} is not simulated")
+        if local[0] != LMEM or glob[0] == LMEM:
+            raise CorruptFileError("GDMA matrix mode moves between gmem and lmem")
+        if cols > groups * width:
+            raise CorruptFileError(f"GDMA matrix of {cols} columns does not fit {groups} groups of {width}")
+        lshape = (rows, groups, 1, width)
+        matrix = self._access(local[0], local[1], lshape, lstrides).reshape(rows, groups * width)
+        if f["direction"] == 0:
+            matrix[:, :cols] = self._access(glob[0], glob[1], (rows, 1, 1, cols), (pitch, 0, 0, 1)).reshape(rows, cols)
+            self._access(local[0], local[1], lshape, lstrides, matrix.reshape(lshape))
+        else:
+            self._access(
+                glob[0], glob[1], (rows, 1, 1, cols), (pitch, 0, 0, 1), matrix[:, :cols].reshape(rows, 1, 1, cols)
+            )
 
     def run(self, cmdbuf: bytes, source: str) -> None:
         for ins in decode_cmdbuf(cmdbuf, source):
@@ -120,6 +160,13 @@ class Machine:
         if tensor.offset + tensor.size > len(area):
             raise CorruptFileError(f"tensor at neuron offset {tensor.offset} (+{tensor.size}) exceeds neuron_size")
         return area[tensor.offset : tensor.offset + tensor.size].view(np.int8).reshape(tensor.shape)
+
+
+def _implied_strides(region: int, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    if region == LMEM:
+        return default_strides(shape, aligned=True)
+    _, c, h, w = shape
+    return (c * h * w, h * w, w, 1)
 
 
 def quantize(x: np.ndarray, threshold: float) -> np.ndarray:

@@ -245,18 +245,22 @@ def depthwise_pool(lmem: LocalMemory, f: dict[str, int]) -> None:
 
 
 def fully_connected(lmem: LocalMemory, f: dict[str, int]) -> None:
-    """tsk_typ 2 (npuc convention): res0 (N, C) = opd0 (N, K) x opd1 (K, C) + 16-bit bias opd2 (C)."""
-    x = read(lmem, operand(f, "opd0"))
-    w = read(lmem, operand(f, "opd1"))
+    """tsk_typ 2: res0 (N, C) = opd0 (N, K) x opd1 (K, C) + 16-bit bias opd2 (C), in the lmem matrix layout
+    (rows, column groups, 1, group width). As in BMKernel's matrix multiply, K is opd1_n, the left matrix's
+    last column group is opd1_w wide, and the right matrix and bias take the result's groups (res0 c x w)."""
     res = operand(f, "res0")
-    rows, k, cols = x.shape[0], w.shape[0], int(np.prod(res.shape[1:]))
-    x2, w2 = x.reshape(rows, -1), w.reshape(k, -1)
-    if x2.shape[1] < k or w2.shape[1] < cols:
-        raise CorruptFileError(f"fc BD: input {x.shape}, weights {w.shape} and result {res.shape} do not fit")
-    _budget(rows, k, cols)
-    acc = np.matmul(x2[:, :k].astype(np.float64), w2[:, :cols].astype(np.float64)).astype(np.int64)
+    rows, groups, _, width = res.shape
+    k, c0, w0, last = f["opd1_n"], f["opd0_c"], f["opd0_w"], f["opd1_w"]
+    if c0 == 0 or not 0 < last <= w0 or (c0 - 1) * w0 + last != k or f["opd1_c"] != groups:
+        raise CorruptFileError(
+            f"fc BD: left {c0} groups of {w0} (last {last}), right {k} rows of {f['opd1_c']} groups, result {res.shape}"
+        )
+    _budget(rows, k, groups * width)
+    x = read(lmem, operand(f, "opd0", (rows, c0, 1, w0))).reshape(rows, c0 * w0)[:, :k]
+    w = read(lmem, operand(f, "opd1", (k, groups, 1, width))).reshape(k, groups * width)
+    acc = np.matmul(x.astype(np.float64), w.astype(np.float64)).astype(np.int64)
     if f["tsk_opd_num"] >= 3:
-        acc = acc + read(lmem, operand(f, "opd2", (1, *res.shape[1:]))).reshape(1, cols)
+        acc = acc + read(lmem, operand(f, "opd2", (1, groups, 1, width))).reshape(1, groups * width)
     write(lmem, res, shift_right(acc, f))
 
 
