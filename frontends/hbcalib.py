@@ -8,29 +8,55 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from npuc.compiler import arrays
 from npuc.compiler.errors import UserError
 from npuc.passes.calitable import CalibrationTable
 from npuc.passes.colorspace import runtime_pixels, train_picture_to_rgb
 
-from .hbconfig import HbConfig, InputConfig
+from .hbconfig import CAL_DATA_TYPES, HbConfig, InputConfig
 
 
-def _load_array(path: Path, name: str) -> np.ndarray:
-    """A .npy array, or the `name` (or only) array of an .npz, without pickles."""
-    try:
-        with open(path, "rb") as f:
-            loaded = np.load(f, allow_pickle=False)
-            if isinstance(loaded, np.lib.npyio.NpzFile):
-                key = name if name in loaded.files else (loaded.files[0] if len(loaded.files) == 1 else None)
-                if key is None:
-                    raise UserError(f"calibration sample {path.name}: no array named {name!r}; save it with that key")
-                return loaded[key]
-            return loaded
-    except (ValueError, OSError, EOFError) as exc:
-        raise UserError(f"calibration sample {path.name}: not a readable array ({exc}); re-save it") from None
+def _load_array(path: Path, spec: InputConfig, raw_dtype: str | None) -> np.ndarray:
+    """An .npy array, the input's (or only) array of an .npz, or a raw file of `raw_dtype` values (hb_mapper's
+    cal_data_type samples: the model input's elements, no header); every size checked before reading."""
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return arrays.load_arrays(path)[""]
+    if suffix == ".npz":
+        found = arrays.load_arrays(path)
+        key = spec.name if spec.name in found else (next(iter(found)) if len(found) == 1 else None)
+        if key is None:
+            raise UserError(f"calibration sample {path.name}: no array named {spec.name!r}; save it with that key")
+        return found[key]
+    if raw_dtype is None:
+        raise UserError(
+            f"calibration sample {path.name}: a raw file needs calibration_parameters.cal_data_type "
+            f"({' or '.join(CAL_DATA_TYPES)}); set it or save samples as .npy"
+        )
+    dtype = np.dtype(raw_dtype)
+    want = int(np.prod(spec.shape)) * dtype.itemsize
+    if path.stat().st_size != want:
+        raise UserError(
+            f"calibration sample {path.name}: {path.stat().st_size} bytes, but input {spec.name} {spec.shape} of "
+            f"{raw_dtype} needs {want}; check cal_data_type and the input shape"
+        )
+    return np.fromfile(path, dtype=dtype)
 
 
-def _sample_to_input(path: Path, spec: InputConfig) -> np.ndarray:
+def _sample_files(config: HbConfig, limit: int | None) -> list[Path]:
+    """cal_data_dir's samples: pictures and .npy/.npz, and with cal_data_type any other file (raw values)."""
+    from npuc.passes.preprocess import list_samples
+
+    folder = config.cal_data_dir
+    if config.cal_data_type is None or not folder.is_dir():
+        return list_samples([folder], limit)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise UserError(f"{config.source}: calibration_parameters.cal_data_dir: {folder} holds no files")
+    return files[:limit] if limit is not None else files
+
+
+def _sample_to_input(path: Path, spec: InputConfig, raw_dtype: str | None = None) -> np.ndarray:
     """One calibration file as the model's float input: pictures are resized to the input, converted to the
     runtime type (NV12 round trip included) and run through HzPreprocess; arrays of a featuremap are used
     as they are, arrays of an image input are the picture in input_type_train and input_layout_train."""
@@ -41,7 +67,7 @@ def _sample_to_input(path: Path, spec: InputConfig) -> np.ndarray:
     if path.suffix.lower() in IMAGE_SUFFIXES:
         rgb = np.clip(np.rint(resize_bilinear(decode_image(path), h, w)), 0, 255).astype(np.uint8)
     else:
-        array = _load_array(path, spec.name)
+        array = _load_array(path, spec, raw_dtype)
         if array.size != int(np.prod(spec.shape)):
             raise UserError(
                 f"calibration sample {path.name}: {array.shape} does not fit input {spec.name} {spec.shape}"
@@ -58,7 +84,6 @@ def _sample_to_input(path: Path, spec: InputConfig) -> np.ndarray:
 def calibrate_config(config: HbConfig, model: Path, limit: int | None = None) -> CalibrationTable:
     """Calibrate `model` on cal_data_dir through the config's preprocessing (config must be bound)."""
     from npuc.passes.calibrate import CalibrationOptions, calibrate
-    from npuc.passes.preprocess import list_samples
 
     if config.cal_data_dir is None:
         raise UserError(f"{config.source}: calibration_parameters.cal_data_dir: is not set; set it or pass --calib")
@@ -69,9 +94,9 @@ def calibrate_config(config: HbConfig, model: Path, limit: int | None = None) ->
         )
     spec = config.inputs[0]
     method, percentile = config.calib_method
-    files = list_samples([config.cal_data_dir], limit)
+    files = _sample_files(config, limit)
     with tempfile.TemporaryDirectory(prefix="npuc-cal-") as tmp:
         for i, path in enumerate(files):  # one file at a time: memory stays flat
-            np.save(Path(tmp) / f"{i:06d}.npy", _sample_to_input(path, spec))
+            np.save(Path(tmp) / f"{i:06d}.npy", _sample_to_input(path, spec, config.cal_data_type))
         options = CalibrationOptions(method=method, percentile=percentile)
         return calibrate(model, [tmp], options=options, input_shapes={spec.name: spec.shape}).table

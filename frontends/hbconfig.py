@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from npuc.backends.bpu.contract import MARCHES
 from npuc.compiler.errors import UserError
 from npuc.passes.colorspace import (
     CHANNELS,
@@ -33,7 +34,9 @@ from npuc.passes.colorspace import preprocess_affine as _affine
 GROUPS = ("model_parameters", "input_parameters", "calibration_parameters", "compiler_parameters")
 OPTIONAL_GROUPS = ("custom_op",)
 MAX_CONFIG_BYTES = 1 << 20
-MARCHES = ("bernoulli2", "bayes")
+# marches of the Bayes family: per-node placement/int16 (node_info), no core_num, int16 outputs
+BAYES_FAMILY = ("bayes", "bayes-e")
+DEFAULT_CALIBRATION_TYPE = "default"  # hb_mapper's value when the key is absent
 TYPES_TRAIN = ("rgb", "bgr", "yuv444", "gray", "featuremap")
 TYPES_RT = ("rgb", "bgr", "yuv444", "nv12", "gray", "featuremap")
 LAYOUTS = ("NHWC", "NCHW")
@@ -50,6 +53,7 @@ MAX_TIME_PER_FC_MIN, MAX_TIME_PER_FC_MAX = 1000, (1 << 32) - 1
 OUTPUT_OPTIMIZATIONS = {
     "bernoulli2": ("set_model_output_int8",),
     "bayes": ("set_model_output_int8", "set_model_output_int16"),
+    "bayes-e": ("set_model_output_int8", "set_model_output_int16"),
 }
 _SHAPE_RE = re.compile(r"^\d+(x\d+)*$")
 
@@ -57,7 +61,6 @@ NO_BIN = "npuc writes no .bin (Horizon's compiler makes it)"
 # Keys npuc reads but does not act on, with the reason reported to the user.
 IGNORED_REASONS: Mapping[str, str] = MappingProxyType(
     {
-        "model_parameters.march": "npuc's target is --target (bpu models X3/bernoulli2); the value is checked only",
         "model_parameters.layer_out_dump": "per-layer dumps: use `npuc compare` instead",
         "model_parameters.output_nodes": "npuc keeps the model's own outputs",
         "model_parameters.remove_node_type": "npuc inserts no boundary Quantize/Dequantize nodes to remove",
@@ -66,7 +69,7 @@ IGNORED_REASONS: Mapping[str, str] = MappingProxyType(
         "model_parameters.node_info": "per-node BPU/CPU placement and int16 types are not modelled",
         "model_parameters.set_node_data_type": "deprecated by Horizon; per-node int16 is not modelled",
         "input_parameters.input_batch": "npuc compiles the model's batch as given",
-        "calibration_parameters.cal_data_type": "npuc reads .npy/.npz samples in their stored dtype",
+        "calibration_parameters.cal_data_type": "read: raw sample files are this dtype; .npy/.npz keep their own",
         "calibration_parameters.preprocess_on": "npuc always decodes and resizes pictures itself",
         "calibration_parameters.per_channel": "npuc's activations are per-tensor (weights are per-channel)",
         "calibration_parameters.run_on_cpu": "node placement is Horizon's compiler's; use --float-layers",
@@ -117,6 +120,7 @@ class HbConfig:
     cal_data_dir: Path | None
     calibration_type: str
     max_percentile: float = 1.0
+    cal_data_type: str | None = None  # dtype of raw sample files (hb_mapper's float32 / uint8 .bin/.rgb)
     ignored: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -208,6 +212,7 @@ def parse_config(data: Any, source: Path) -> HbConfig:
         cal_data_dir=cal["dir"],
         calibration_type=cal["type"],
         max_percentile=cal["max_percentile"],
+        cal_data_type=cal["data_type"],
         ignored=tuple(ignored),
     )
 
@@ -324,10 +329,14 @@ def _model_parameters(g: dict, source: Path, base: Path, ignored: list[str]) -> 
             _choice(source, f"{key}.remove_node_type", part, REMOVE_NODE_TYPES)
     if _text(g.get("debug_mode")) != "":
         _choice(source, f"{key}.debug_mode", g["debug_mode"], ("dump_calibration_data",))
-    for ultra_only in ("node_info", "set_node_data_type"):
-        if ultra_only in g and march != "bayes":
-            raise _err(source, f"{key}.{ultra_only}", f"is for march bayes only, not {march}", "remove it")
-    _note_ignored(key, g, ("onnx_model", "output_model_file_prefix", "working_dir", "caffe_model", "prototxt"), ignored)
+    for bayes_only in ("node_info", "set_node_data_type"):
+        empty = g.get(bayes_only) in ({}, "", None)
+        if bayes_only in g and not empty and march not in BAYES_FAMILY:
+            raise _err(
+                source, f"{key}.{bayes_only}", f"is for marches {', '.join(BAYES_FAMILY)}, not {march}", "remove it"
+            )
+    honoured = ("onnx_model", "march", "output_model_file_prefix", "working_dir", "caffe_model", "prototxt")
+    _note_ignored(key, g, honoured, ignored)
     return {"model": base / _text(g["onnx_model"]), "march": march, "prefix": prefix, "working_dir": working_dir}
 
 
@@ -432,10 +441,7 @@ def _check_layout(source: Path, name: str, spec: InputConfig, shape: tuple[int, 
 def _calibration_parameters(g: dict, source: Path, base: Path, march: str, ignored: list[str]) -> dict[str, Any]:
     key = "calibration_parameters"
     ctype = _choice(
-        source,
-        f"{key}.calibration_type",
-        _required(g, "calibration_type", source, f"{key}.calibration_type"),
-        CALIBRATION_TYPES,
+        source, f"{key}.calibration_type", g.get("calibration_type") or DEFAULT_CALIBRATION_TYPE, CALIBRATION_TYPES
     )
     if ctype == "load":
         raise _err(
@@ -464,8 +470,9 @@ def _calibration_parameters(g: dict, source: Path, base: Path, march: str, ignor
         percentile = float(value)
         if percentile <= 0.0:
             raise _err(source, f"{key}.max_percentile", "0 clips every value", "use a value such as 0.99999")
+    cal_type = None
     if _text(g.get("cal_data_type")) != "":
-        _choice(source, f"{key}.cal_data_type", g["cal_data_type"], CAL_DATA_TYPES)
+        cal_type = _choice(source, f"{key}.cal_data_type", g["cal_data_type"], CAL_DATA_TYPES)
     if "preprocess_on" in g:
         _bool(source, f"{key}.preprocess_on", g["preprocess_on"])
     if "per_channel" in g and _bool(source, f"{key}.per_channel", g["per_channel"]) and ctype == "default":
@@ -475,8 +482,8 @@ def _calibration_parameters(g: dict, source: Path, base: Path, march: str, ignor
         for part in _split(g["optimization"]):
             _choice(source, f"{key}.optimization", part, allowed)
     cal_dir = None if _text(g.get("cal_data_dir")) == "" else base / _text(g["cal_data_dir"])
-    _note_ignored(key, g, ("cal_data_dir", "calibration_type", "max_percentile"), ignored)
-    return {"type": ctype, "max_percentile": percentile, "dir": cal_dir}
+    _note_ignored(key, g, ("cal_data_dir", "calibration_type", "max_percentile", "cal_data_type"), ignored)
+    return {"type": ctype, "max_percentile": percentile, "dir": cal_dir, "data_type": cal_type}
 
 
 def _compiler_parameters(
@@ -493,8 +500,8 @@ def _compiler_parameters(
     if "debug" in g:
         _bool(source, f"{key}.debug", g["debug"])
     if "core_num" in g:
-        if march == "bayes":
-            raise _err(source, f"{key}.core_num", "must not be set for march bayes", "remove it")
+        if march in BAYES_FAMILY:
+            raise _err(source, f"{key}.core_num", f"must not be set for march {march}", "remove it")
         if g["core_num"] not in (1, 2) or isinstance(g["core_num"], bool):
             raise _err(source, f"{key}.core_num", f"{g['core_num']!r} is not allowed", "use 1 or 2")
     if "input_source" in g:

@@ -66,8 +66,6 @@ def test_base_config_maps_what_npuc_honours():
     assert inp.mean == (123.675, 116.28, 103.53) and inp.scale == (0.0171, 0.0175, 0.0174)
     assert cfg.input_shapes() == {"x": (1, 3, 224, 224)}
     assert cfg.ignored == (
-        "model_parameters.march: npuc's target is --target (bpu models X3/bernoulli2); the value is checked only, "
-        "ignored",
         "model_parameters.layer_out_dump: per-layer dumps: use `npuc compare` instead, ignored",
         "compiler_parameters.compile_mode: npuc writes no .bin (Horizon's compiler makes it), ignored",
         "compiler_parameters.optimize_level: npuc writes no .bin (Horizon's compiler makes it), ignored",
@@ -164,8 +162,8 @@ ERRORS = [
     ),
     ({"model_parameters__march": None}, r"model_parameters.march: is required"),
     (
-        {"model_parameters__march": "bayes-e"},
-        r"model_parameters.march: 'bayes-e' is not allowed; use one of bernoulli2, bayes",
+        {"model_parameters__march": "nash-e"},
+        r"model_parameters.march: 'nash-e' is not allowed; use one of bernoulli2, bayes, bayes-e",
     ),
     ({"model_parameters__output_model_file_prefix": None}, "output_model_file_prefix: is required"),
     ({"model_parameters__layer_out_dump": "yes"}, r"layer_out_dump: 'yes' is not a boolean"),
@@ -174,8 +172,8 @@ ERRORS = [
         {"model_parameters__debug_mode": "dump_all"},
         r"debug_mode: 'dump_all' is not allowed; use one of dump_calibration_data",
     ),
-    ({"model_parameters__node_info": {"conv1": {"ON": "CPU"}}}, "node_info: is for march bayes only"),
-    ({"model_parameters__set_node_data_type": "int16"}, "set_node_data_type: is for march bayes only"),
+    ({"model_parameters__node_info": {"conv1": {"ON": "CPU"}}}, "node_info: is for marches bayes, bayes-e, not bernoulli2"),
+    ({"model_parameters__set_node_data_type": "int16"}, "set_node_data_type: is for marches bayes, bayes-e"),
     # input_parameters
     ({"input_parameters__input_type_train": None}, r"input_parameters.input_type_train: is required"),
     ({"input_parameters__input_type_train": "nv12"}, r"input_type_train: 'nv12' is not allowed"),
@@ -218,7 +216,6 @@ ERRORS = [
     ({"input_parameters__scale_value": "a b c"}, r"scale_value: 'a b c' is not a list of numbers"),
     ({"input_parameters__input_name": "a;b"}, "input_type_train: has 1 ';'-separated value\\(s\\) for 2 input\\(s\\)"),
     # calibration_parameters
-    ({"calibration_parameters__calibration_type": None}, r"calibration_type: is required"),
     ({"calibration_parameters__calibration_type": "percentile"}, r"calibration_type: 'percentile' is not allowed"),
     ({"calibration_parameters__calibration_type": "load"}, "load \\(a QAT model's ranges\\) is not supported"),
     ({"calibration_parameters__calibration_type": "skip"}, "skip \\(random data, for speed tests\\) is not supported"),

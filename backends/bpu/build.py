@@ -18,7 +18,7 @@ Options (BuildRequest.options):
   float_layers  op/tensor names kept in the fallback format
   calib_data    sample folder/file(s) to calibrate on when no --calib table is given
   calib_method  kl (default), max, percentile, mse; calib_percentile for percentile
-  march         bernoulli2 (default) or bayes, recorded in the contract
+  march         bernoulli2 (default, X3/J3), bayes (J5) or bayes-e (X5), recorded in the contract
   qdq_form      exact (default) or plain: the form of the quantized ONNX
 """
 
@@ -50,7 +50,7 @@ from npuc.passes.qdq import (
 )
 from npuc.passes.quantize import ThresholdMap, quantize
 
-from .contract import Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
+from .contract import MARCHES, Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
 
 CONTRACT_FILE = "hbdnn_contract.json"
 QUANTI_TYPES = ("scale", "shift")
@@ -78,8 +78,8 @@ class BpuOptions:
         if quanti not in QUANTI_TYPES:
             raise UserError(f"--option quanti_type={quanti}: use one of {', '.join(QUANTI_TYPES)}")
         march = str(o.get("march", "bernoulli2"))
-        if march not in ("bernoulli2", "bayes"):
-            raise UserError(f"--option march={march}: use bernoulli2 (X3) or bayes")
+        if march not in MARCHES:
+            raise UserError(f"--option march={march}: use one of {', '.join(MARCHES)} (X3/J3, J5, X5)")
         data = o.get("calib_data") or ()
         form = str(o.get("qdq_form", "exact")).lower()
         if form not in FORMS:
