@@ -63,11 +63,13 @@ class Builder:
         (out / "net_params.json").write_text(json.dumps(net))
         (out / "Net_0" / "apu_0" / "apu_x").mkdir(parents=True)
         (out / "Net_0" / "apu_0" / "apu_x" / "cmd.bin").write_bytes(bytes(256))
-        top = {"main": {"inputs": {name: {"shape": str(tuple(shape)), "dtype": graph["in_type"], "batch": shape[0]}
-                                   for name, shape in graph["inputs_dict"].items()}},
-               "outputs": {f"apu_0:{i}": {"shape": str(tuple(s)), "dtype": graph["out_type"]}
-                           for i, (_, s) in enumerate(params["outputs"])},
-               "apu_0": {"vendor": "opaque"}}
+        inputs = {name: {"shape": str(tuple(shape)), "dtype": graph["in_type"], "batch": shape[0]}
+                  for name, shape in graph["inputs_dict"].items()}
+        outputs = {f"apu_0:{i}": {"shape": str(tuple(s)), "dtype": graph["out_type"]}
+                   for i, (_, s) in enumerate(params["outputs"])}
+        # the document's example form: outputs beside main; the subgraph object with its own inputs/outputs
+        top = {"main": {"inputs": inputs}, "outputs": outputs,
+               "apu_0": {"inputs": inputs, "outputs": outputs, "is_abc": "true", "version": "202207141006"}}
         (out / "Net_0" / "top_graph.json").write_text(json.dumps(top))
         return str(out)
 '''

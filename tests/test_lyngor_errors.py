@@ -119,7 +119,8 @@ def rewrite_section(tree: Path, fn: Callable[[dict], None]) -> None:
     fn(doc)
     data = write_program([json.dumps(doc).encode()])
     path.write_bytes(data)
-    edit_json(tree / APU_X / "apu.json", lambda d: d.update(cmd_size=len(data)))
+    edit_json(tree / APU_X / "npuc_apu.json", lambda d: d.update(cmd_size=len(data)))
+    edit_json(tree / APU_X / "apu.json", lambda d: d["apu_x"].update(cmd_size=len(data)))
 
 
 def _set(keys: list, value: object) -> Callable[[dict], None]:
@@ -146,21 +147,30 @@ CORRUPTIONS: list[tuple[str, Callable[[Path], None], str]] = [
     ("list shape in main", lambda t: edit_json(t / "Net_0/top_graph.json",
                                                _set(["main", "inputs", "input", "shape"], "[1, 3, 64, 64]")),
      r"main.inputs.input.shape: expected a shape string like '\(1, 128\)'"),
-    ("output key", lambda t: edit_json(t / "Net_0/top_graph.json",
-                                       lambda d: d.update(outputs={"apu_0-0": d["outputs"]["apu_0:0"]})),
+    ("output key", lambda t: edit_json(t / "Net_0/top_graph.json", _set(
+        ["main", "outputs"], {"apu_0-0": {"shape": "(1, 10)", "dtype": "float16"}})),
      r"key 'apu_0-0' is not of the form"),
-    ("num wrong", lambda t: edit_json(t / "Net_0/top_graph.json", _set(["apu_0", "inputs", "datai0", "num"], 5)),
+    ("undocumented top_graph key", lambda t: edit_json(t / "Net_0/top_graph.json", _set(["apu_0", "input_num"], 1)),
+     "unknown field 'input_num'"),
+    ("num wrong", lambda t: edit_json(t / APU_X / "npuc_apu.json", _set(["inputs", "datai0", "num"], 5)),
      "num 5 is not the element count"),
-    ("cmd_size not 256k", lambda t: edit_json(t / APU_X / "apu.json", _set(["cmd_size"], 1000)),
+    ("size wrong", lambda t: edit_json(t / APU_X / "apu.json", _set(["apu_x", "inputs", "datai0", "size"], 5)),
+     "size 5 is not the element count"),
+    ("apu.json node differs", lambda t: edit_json(t / APU_X / "apu.json",
+                                                  _set(["apu_x", "outputs", "datao0", "name"], "other")),
+     "node 'output' differs from apu.json's"),
+    ("cmd_size not 256k", lambda t: edit_json(t / APU_X / "npuc_apu.json", _set(["cmd_size"], 1000)),
      "cmd_size: expected integer multiple of 256"),
-    ("cmd_size mismatch", lambda t: edit_json(t / APU_X / "apu.json", _set(["cmd_size"], 256 * 40)),
+    ("cmd_size mismatch", lambda t: edit_json(t / APU_X / "npuc_apu.json", _set(["cmd_size"], 256 * 40)),
      "cmd_size: 10240 but npuc_prog.bin has"),
-    ("cmd_file escape", lambda t: edit_json(t / APU_X / "apu.json", _set(["cmd_file"], "../../net_params.json")),
+    ("apu.json cmd_size", lambda t: edit_json(t / APU_X / "apu.json", _set(["apu_x", "cmd_size"], 256 * 40)),
+     "cmd_size/run_batch differ from apu.json's"),
+    ("cmd_file escape", lambda t: edit_json(t / APU_X / "npuc_apu.json", _set(["cmd_file"], "../../net_params.json")),
      "is not a file beside apu.json"),
-    ("sub_image_size", lambda t: edit_json(t / APU_X / "apu.json",
+    ("sub_image_size", lambda t: edit_json(t / APU_X / "npuc_apu.json",
                                            _set(["inputs", "datai0", "sub_image_size"], ["[1, 3, 64, 65]"])),
      "sub_image_size and sub_image_size_ex differ"),
-    ("missing res0", lambda t: edit_json(t / APU_X / "apu.json", _set(["resolution_config"], {})),
+    ("missing res0", lambda t: edit_json(t / APU_X / "npuc_apu.json", _set(["resolution_config"], {})),
      r"keys are not res0..res0"),
 ]  # fmt: skip
 

@@ -1,8 +1,9 @@
-"""Lyngor manifests checked field by field against the documented field list with `jsonschema`: all three
-manifests of a single-input build, of the document's BERT-like three-input int16 (1, 128) example and of a
-multi-resolution build, against the schemas of backends/lyngor/schemas.py (written from Lynxi's
-"编译生成物说明" page and npuc's documented apu_0/apu.json field list, apart from the tables that write them);
-and manifests with a wrong type or a missing key fail validation."""
+"""Lyngor manifests checked field by field against the documented field list with `jsonschema`: the three
+documented manifests (net_params.json, top_graph.json, apu.json) and npuc's own npuc_apu.json of a single-input
+build, of the document's BERT-like three-input int16 (1, 128) example and of a multi-resolution build, against
+the schemas of backends/lyngor/schemas.py (written from Lynxi's "编译生成物说明" page, apart from the tables
+that write them); manifests with a wrong type, a missing or an undocumented key fail validation; the vendor's
+own yolox_s build (../shared/golden/lyngor/) is read in both its older and the documented form."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
 
-TREE = ("net_params.json", "Net_0/top_graph.json", "Net_0/apu_0/apu_x/apu.json")
+TREE = ("net_params.json", "Net_0/top_graph.json", "Net_0/apu_0/apu_x/apu.json", "Net_0/apu_0/apu_x/npuc_apu.json")
+VENDOR = GOLDEN / "lyngor" / "yolox_s_build"
 
 
 def validator(schema: dict) -> jsonschema.Draft202012Validator:
@@ -37,12 +39,13 @@ def validator(schema: dict) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
-def load_tree_json(out: Path) -> tuple[dict, dict, dict]:
-    """The three manifests of an npuc tree, each validated against its documented JSON schema."""
+def load_tree_json(out: Path) -> tuple[dict, dict, dict, dict]:
+    """The manifests of an npuc tree, each validated against its JSON schema (apu.json: unwrapped apu_x)."""
     docs = tuple(json.loads((out / rel).read_text()) for rel in TREE)
     for rel, doc in zip(TREE, docs):
         validator(schemas.TREE_SCHEMAS[rel]).validate(doc)
-    return docs
+    assert list(docs[2]) == ["apu_x"]
+    return docs[0], docs[1], docs[2]["apu_x"], docs[3]
 
 
 def build(model: Path, out: Path, options: dict | None = None, shapes: dict | None = None) -> Path:
@@ -57,7 +60,7 @@ def build(model: Path, out: Path, options: dict | None = None, shapes: dict | No
 
 def test_single_input_manifests(tmp_path: Path) -> None:
     out = build(SMALLCNN, tmp_path / "out")
-    net, top, apu = load_tree_json(out)
+    net, top, doc, apu = load_tree_json(out)
     assert net == {
         "version": "197001010000", "target": "apu", "is_map": True, "chip_num": 1, "net_num": 1,
         "parallel_mode": "DP", "run_batch": 1, "cpu_arch": "arm", "cc": "aarch64-linux-gnu-g++",
@@ -66,15 +69,24 @@ def test_single_input_manifests(tmp_path: Path) -> None:
         "net:": None, "is_dynamic_shape": False, "build_mode": "abc",
     }  # fmt: skip
     assert list(net) == list(schemas.NET_PARAMS["properties"])  # the documented order, "net:" with its colon
-    assert top["main"] == {"inputs": {"input": {"shape": "(1, 3, 64, 64)", "dtype": "float32", "batch": 1}}}
-    assert top["outputs"] == {"apu_0:0": {"shape": "(1, 10)", "dtype": "float16"}}
-    assert top["apu_0"]["inputs"]["datai0"] == {
-        "name": "input", "shape": "[1, 3, 64, 64]", "shape_ex": [1, 3, 64, 64], "dtype": "float32", "num": 12288,
-        "transpose_axis": None,
-    }  # fmt: skip
-    assert top["apu_0"]["outputs"]["datao0"]["num"] == 10
+    inputs = {"input": {"shape": "(1, 3, 64, 64)", "dtype": "float32", "batch": 1}}
+    outputs = {"apu_0:0": {"shape": "(1, 10)", "dtype": "float16"}}
+    assert top == {
+        "main": {"inputs": inputs, "outputs": outputs},
+        "apu_0": {"inputs": inputs, "outputs": outputs, "is_abc": "true", "version": "197001010000"},
+    }
     prog = (out / "Net_0/apu_0/apu_x/npuc_prog.bin").read_bytes()
     dat = (out / "Net_0/apu_0/apu_x/npuc_weight.bin").read_bytes()
+    assert doc == {
+        "batch_size": 1, "n_slice": 1, "cmd_size": len(prog), "crmem_load_base_addr": 0, "image_size": len(dat),
+        "sub_image_size": f"[{len(dat)}]", "sub_image_size_ex": len(dat),
+        "inputs": {"datai0": {"dtype": "float32", "name": "input", "shape": "[1, 3, 64, 64]",
+                              "shape_ex": [1, 3, 64, 64], "size": 12288}},
+        "outputs": {"datao0": {"dtype": "float16", "name": "output", "shape": "[1, 10]", "shape_ex": [1, 10],
+                               "size": 10}},
+    }  # fmt: skip
+    assert list(doc) == [k for k in schemas.APU["properties"]["apu_x"]["properties"] if k in doc]  # documented order
+    assert apu["inputs"]["datai0"]["transpose_axis"] is None and apu["outputs"]["datao0"]["num"] == 10
     assert (apu["cmd_size"], apu["dat_size"]) == (len(prog), len(dat))
     assert prog[:10] == b"NPUCLYNP\x01\x00" and dat[:10] == b"NPUCLYNW\x01\x00"
     assert int.from_bytes(prog[20:24], "little") == len(prog) and len(prog) % 256 == 0
@@ -91,7 +103,7 @@ def test_single_input_manifests(tmp_path: Path) -> None:
 def test_build_is_byte_deterministic(tmp_path: Path) -> None:
     a, b = build(SMALLCNN, tmp_path / "a"), build(SMALLCNN, tmp_path / "b")
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    assert len(files) == 5
+    assert len(files) == 6
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
     build(SMALLCNN, tmp_path / "a", {"input_dtype": "uint8"})  # rebuilding replaces the tree in place
     assert json.loads((a / "Net_0/top_graph.json").read_text())["main"]["inputs"]["input"]["dtype"] == "uint8"
@@ -100,8 +112,9 @@ def test_build_is_byte_deterministic(tmp_path: Path) -> None:
 
 def test_input_dtypes_and_nhwc_transpose(tmp_path: Path) -> None:
     out = build(SMALLCNN, tmp_path / "out", {"input_dtype": "uint8", "input_layout": "nhwc", "output_dtype": "float32"})
-    _, top, apu = load_tree_json(out)
+    _, top, doc, apu = load_tree_json(out)
     assert top["main"]["inputs"]["input"] == {"shape": "(1, 64, 64, 3)", "dtype": "uint8", "batch": 1}
+    assert doc["inputs"]["datai0"]["shape_ex"] == [1, 64, 64, 3] and doc["inputs"]["datai0"]["dtype"] == "uint8"
     assert apu["inputs"]["datai0"]["transpose_axis"] == [0, 3, 1, 2]
     assert apu["inputs"]["datai0"]["shape_ex"] == [1, 64, 64, 3]
     image = (np.load(GOLDEN / "cv18xx" / "smallcnn_in.npz")["input"] * 40 + 128).clip(0, 255).astype(np.uint8)
@@ -147,21 +160,21 @@ def bert_like(path: Path) -> Path:
 def test_multi_input_bert_like_example(tmp_path: Path) -> None:
     model = bert_like(tmp_path / "bert_like.onnx")
     out = build(model, tmp_path / "out")
-    _, top, apu = load_tree_json(out)
+    _, top, doc, apu = load_tree_json(out)
     # exactly the document's top_graph.json main/outputs
-    assert top["main"] == {"inputs": {
+    assert top["main"]["inputs"] == {
         "input_ids": {"shape": "(1, 128)", "dtype": "int16", "batch": 1},
         "token_type_ids": {"shape": "(1, 128)", "dtype": "int16", "batch": 1},
         "attention_mask": {"shape": "(1, 128)", "dtype": "int16", "batch": 1},
-    }}  # fmt: skip
-    assert top["outputs"] == {
+    }  # fmt: skip
+    assert top["main"]["outputs"] == {
         "apu_0:0": {"shape": "(1, 128, 128)", "dtype": "float16"},
         "apu_0:1": {"shape": "(1, 128)", "dtype": "float16"},
     }
-    assert [(k, v["name"], v["num"]) for k, v in apu["inputs"].items()] == [
+    assert [(k, v["name"], v["size"]) for k, v in doc["inputs"].items()] == [
         ("datai0", "input_ids", 128), ("datai1", "token_type_ids", 128), ("datai2", "attention_mask", 128)
     ]  # fmt: skip
-    assert [(k, v["name"], v["shape"], v["num"]) for k, v in apu["outputs"].items()] == [
+    assert [(k, v["name"], v["shape"], v["size"]) for k, v in doc["outputs"].items()] == [
         ("datao0", "scores", "[1, 128, 128]", 16384), ("datao1", "pooled", "[1, 128]", 128)
     ]  # fmt: skip
     rng = np.random.default_rng(3)
@@ -186,9 +199,10 @@ def test_multi_resolution_pnet(tmp_path: Path, real_model) -> None:
     model = real_model("mtcnn_pnet")
     shapes = [{"input_1": (1, 12, 12, 3)}, {"input_1": (1, 24, 32, 3)}, {"input_1": (1, 48, 40, 3)}]
     out = build(model, tmp_path / "out", {"input_shapes_list": shapes}, shapes[0])
-    net, top, apu = load_tree_json(out)
-    assert net["is_dynamic_shape"] is False and apu["resolution_num"] == 3 == top["apu_0"]["resolution_num"]
+    net, top, doc, apu = load_tree_json(out)
+    assert net["is_dynamic_shape"] is False and apu["resolution_num"] == 3 == doc["resolution_num"]
     assert top["main"]["inputs"] == {"input_1": {"shape": "(1, 12, 12, 3)", "dtype": "float32", "batch": 1}}
+    assert [r["shape"] for r in doc["resolution_config"].values()] == [[1, 12, 12, 3], [1, 24, 32, 3], [1, 48, 40, 3]]
     node = apu["inputs"]["datai0"]
     assert node["transpose_axis"] == [0, 3, 1, 2]  # NHWC fed, as the model's own Transpose did
     assert node["sub_image_size"] == ["[1, 12, 12, 3]", "[1, 24, 32, 3]", "[1, 48, 40, 3]"]
@@ -213,7 +227,8 @@ def test_version_stamp_from_source_date_epoch(tmp_path: Path, monkeypatch: pytes
     from npuc.compiler.errors import UserError
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1657793160")
-    net, _, _ = load_tree_json(build(SMALLCNN, tmp_path / "out"))
+    net, top, _, _ = load_tree_json(build(SMALLCNN, tmp_path / "out"))
+    assert top["apu_0"]["version"] == "202207141006"
     assert net["version"] == "202207141006"  # the document's example stamp
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "soon")
     with pytest.raises(UserError, match="SOURCE_DATE_EPOCH='soon' is not a Unix timestamp"):
@@ -262,21 +277,26 @@ BAD_MANIFESTS = [
     (1, _set(["main", "inputs", "input", "shape"], "[1, 3, 64, 64]"), "does not match"),
     (1, _set(["main", "inputs", "input", "shape"], [1, 3, 64, 64]), "is not of type 'string'"),
     (1, _set(["main", "inputs", "input", "dtype"], "fp16"), "'fp16' is not one of"),
-    (1, _rename(["outputs", "apu_0:0"], "apu_0_0"), "does not match any of the regexes"),
-    (1, _without(["apu_0", "inputs", "datai0", "num"]), "'num' is a required property"),
-    (1, _set(["apu_0", "inputs", "datai0", "shape_ex"], "[1, 3, 64, 64]"), "is not of type 'array'"),
-    (2, _set(["cmd_size"], 300), "is not a multiple of 256"),
-    (2, _set(["inputs", "datai0", "sub_image_size"], [[1, 3, 64, 64]]), "is not of type 'string'"),
-    (2, _set(["inputs", "datai0", "sub_image_size_ex"], ["[1, 3, 64, 64]"]), "is not of type 'array'"),
-    (2, _without(["resolution_config", "res0", "core_ids"]), "'core_ids' is a required property"),
-    (2, _without(["resolution_num"]), "'resolution_num' is a required property"),
-    (2, _set(["default_resolution"], -1), "is less than the minimum of 0"),
+    (1, _rename(["main", "outputs", "apu_0:0"], "apu_0_0"), "does not match any of the regexes"),
+    (1, _set(["apu_0", "is_abc"], True), "True is not one of ['true', 'false']"),
+    (1, _set(["apu_0", "input_num"], 1), "Additional properties are not allowed"),
+    (2, _set(["apu_x", "cmd_size"], 300), "is not a multiple of 256"),
+    (2, _set(["apu_x", "sub_image_size"], [6144]), "is not of type 'string'"),
+    (2, _set(["apu_x", "sub_image_size_ex"], "6144"), "is not of type 'integer'"),
+    (2, _without(["apu_x", "n_slice"]), "'n_slice' is a required property"),
+    (2, _without(["apu_x", "inputs", "datai0", "size"]), "'size' is a required property"),
+    (2, _rename(["apu_x", "inputs", "datai0", "size"], "num"), "Additional properties are not allowed"),
+    (2, _set(["apu_x", "producer"], "npuc"), "Additional properties are not allowed"),
+    (2, _set(["apu_x", "crmem_load_base_addr"], -1), "is less than the minimum of 0"),
+    (3, _without(["resolution_config", "res0", "core_ids"]), "'core_ids' is a required property"),
+    (3, _set(["default_resolution"], -1), "is less than the minimum of 0"),
 ]
 
 
 @pytest.fixture(scope="module")
-def good_docs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, dict]:
-    return load_tree_json(build(SMALLCNN, tmp_path_factory.mktemp("lyngor") / "out"))
+def good_docs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, ...]:
+    out = build(SMALLCNN, tmp_path_factory.mktemp("lyngor") / "out")
+    return tuple(json.loads((out / rel).read_text()) for rel in TREE)
 
 
 @pytest.mark.parametrize("index, edit, message", BAD_MANIFESTS, ids=[f"{TREE[b[0]]}:{b[2]}" for b in BAD_MANIFESTS])
@@ -287,15 +307,54 @@ def test_schema_rejects_wrong_type_or_missing_key(good_docs: tuple, index: int, 
     assert errors and any(message in e.message for e in errors), [e.message for e in errors]
 
 
-def test_documented_part_accepts_a_vendor_top_graph() -> None:
-    """The documented top_graph.json part: the vendor's apu_0 object is opaque, main/outputs are checked."""
-    doc = {
-        "main": {"inputs": {"input_ids": {"shape": "(1, 128)", "dtype": "int16", "batch": 1}}},
-        "outputs": {"apu_0:0": {"shape": "(1, 128, 768)", "dtype": "float16"}},
-        "apu_0": {"anything": [1, 2]},
-    }
+def test_documented_part_accepts_both_top_graph_forms() -> None:
+    """top_graph.json: outputs beside main (the document's example) or inside it (what Lyngor writes)."""
+    outputs = {"apu_0:0": {"shape": "(1, 128, 768)", "dtype": "float16"}}
+    doc = {"main": {"inputs": {"input_ids": {"shape": "(1, 128)", "dtype": "int16", "batch": 1}}}, "outputs": outputs}
     documented = validator(schemas.TOP_GRAPH_DOCUMENTED)
     documented.validate(doc)
-    assert not validator(schemas.TOP_GRAPH).is_valid(doc)  # npuc's own apu_0 object is closed
+    nested = {"main": {**doc["main"], "outputs": outputs}, "apu_0": {"inputs": {}, "outputs": outputs}}
+    documented.validate(nested)
+    assert not documented.is_valid({"main": doc["main"]})  # outputs nowhere
     doc["main"]["inputs"]["input_ids"]["batch"] = 0
     assert [e.message for e in documented.iter_errors(doc)] == ["0 is less than the minimum of 1"]
+
+
+def test_vendor_yolox_build_is_read_in_its_older_form(capsys: pytest.CaptureFixture) -> None:
+    """Lyngor's own 2022 build: map_batch for run_batch, outputs inside main, apu.json without n_slice."""
+    for rel, schema in (("net_params.json", None), ("Net_0/top_graph.json", schemas.TOP_GRAPH_DOCUMENTED)):
+        if schema is not None:
+            validator(schema).validate(json.loads((VENDOR / rel).read_text()))
+    tree = read_tree(VENDOR)
+    assert tree.producer == "vendor" and tree.apu is None and tree.net_params["run_batch"] == 1
+    assert tree.top_graph["main"]["inputs"] == {"images": {"shape": (1, 3, 640, 640), "dtype": "float32", "batch": 1}}
+    assert tree.top_graph["outputs"] == {"apu_0:0": {"shape": (1, 8400, 85), "dtype": "float32"}}
+    doc = tree.apu_doc
+    assert (doc["batch_size"], doc["cmd_size"], doc["image_size"]) == (1, 9728, 37305184)
+    assert len(doc["sub_image_size"]) == 19 and sum(doc["sub_image_size"]) == doc["image_size"]
+    assert doc["outputs"]["datao0"] == {
+        "dtype": "float32", "name": "__&@!%output0", "shape": (1, 8400, 85), "size": 714000
+    }  # fmt: skip
+    from npuc.compiler.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["inspect", str(VENDOR)])
+    assert done.value.code in (0, None)
+    text = capsys.readouterr().out
+    assert "vendor build" in text and "images" in text and "1x8400x85" in text and "19 part(s)" in text
+
+
+def test_vendor_apu_json_that_breaks_the_document_is_refused(tmp_path: Path) -> None:
+    import shutil
+
+    from npuc.compiler.errors import CorruptFileError
+
+    tree = tmp_path / "yolox"
+    shutil.copytree(VENDOR, tree)
+    apu = tree / "Net_0/apu_0/apu_x/apu.json"
+    apu.chmod(0o644)
+    data = json.loads(apu.read_text())
+    data["apu_x"]["image_size"] += 1
+    apu.write_text(json.dumps(data))
+    with pytest.raises(CorruptFileError, match="image_size 37305185 is not the sum of sub_image_size"):
+        read_tree(tree)

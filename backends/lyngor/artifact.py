@@ -20,12 +20,14 @@ def _fmt(shape: tuple[int, ...] | list[int]) -> str:
 
 
 def describe_tree(tree: mf.LyngorTree) -> str:
-    net, top, apu = tree.net_params, tree.top_graph, tree.apu
+    net, top, apu, doc = tree.net_params, tree.top_graph, tree.apu, tree.apu_doc
+    dynamic = str(net["is_dynamic_shape"]).lower() if "is_dynamic_shape" in net else "not recorded"
     lines = [
         f"lyngor tree   {tree.root} ({'npuc payload' if apu else 'vendor build'})",
-        f"target        {net['target']}  build_mode {net['build_mode']}  version {net['version']}",
+        f"target        {net['target']}  build_mode {net.get('build_mode', 'not recorded')}  "
+        f"version {net.get('version', 'not recorded')}",
         f"nets          {net['net_num']}  chips {net['chip_num']}  parallel {net['parallel_mode']}  "
-        f"run_batch {net['run_batch']}  dynamic shape {str(net['is_dynamic_shape']).lower()}",
+        f"run_batch {net['run_batch']}  dynamic shape {dynamic}",
         "inputs",
     ]
     nodes = list(apu["inputs"].values()) if apu else []
@@ -38,6 +40,13 @@ def describe_tree(tree: mf.LyngorTree) -> str:
     for i, (key, spec) in enumerate(top["outputs"].items()):
         label = f"{key} ({names[i]})" if names else key
         lines.append(f"  {label:<24} {spec['dtype']:<8} {_fmt(spec['shape'])}")
+    if doc:
+        lines.append(
+            f"apu.json      batch {doc['batch_size']}  cmd {doc['cmd_size']} bytes  image {doc['image_size']} bytes "
+            f"({len(doc['sub_image_size'])} part(s))"
+        )
+        for key, node in [*doc["inputs"].items(), *doc["outputs"].items()]:
+            lines.append(f"  {key:<8} {node['name']:<22} {node['dtype']:<8} {_fmt(node['shape'])}")
     if apu:
         lines.append(
             f"program       {apu['cmd_file']} {apu['cmd_size']} bytes, {apu['dat_file']} {apu['dat_size']} bytes "

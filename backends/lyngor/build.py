@@ -128,21 +128,19 @@ def compile_tree(graphs: list[Graph], opts: LyngorOptions) -> TreeParts:
         "cc": "aarch64-linux-gnu-g++", "file_name": FILE_NAMES, "net:": None, "is_dynamic_shape": False,
         "build_mode": "abc",
     }  # fmt: skip
+    stamp = net_params["version"]
+    main_inputs = {
+        n: {"shape": fed[0][n], "dtype": opts.input_dtype[n], "batch": fed[0][n][0] if fed[0][n] else 1}
+        for n in g0.inputs
+    }
+    graph_outputs = {
+        f"{mf.SUBGRAPH}:{i}": {"shape": outs[0][n], "dtype": opts.output_dtype} for i, n in enumerate(g0.outputs)
+    }
     top_graph = {
-        "main": {
-            "inputs": {
-                n: {"shape": fed[0][n], "dtype": opts.input_dtype[n], "batch": fed[0][n][0] if fed[0][n] else 1}
-                for n in g0.inputs
-            }
-        },
-        "outputs": {
-            f"{mf.SUBGRAPH}:{i}": {"shape": outs[0][n], "dtype": opts.output_dtype} for i, n in enumerate(g0.outputs)
-        },
-        mf.SUBGRAPH: {
-            "input_num": len(in_keys), "output_num": len(out_keys), "inputs": top_in, "outputs": top_out,
-            "apu_dir": mf.APU_X_DIR, "resolution_num": len(graphs),
-        },
-    }  # fmt: skip
+        "main": {"inputs": main_inputs, "outputs": graph_outputs},
+        mf.SUBGRAPH: {"inputs": main_inputs, "outputs": graph_outputs, "is_abc": "true", "version": stamp},
+    }
+    apu_doc = {"apu_x": documented_apu(top_in, top_out, len(prog), len(dat), opts.run_batch, fed, in_keys)}
     apu = {
         "producer": "npuc", "format_version": FORMAT_VERSION, "chip": "ka200", "build_mode": "abc",
         "parallel_mode": opts.parallel_mode, "run_batch": opts.run_batch, "compute_dtype": "float16",
@@ -154,12 +152,41 @@ def compile_tree(graphs: list[Graph], opts: LyngorOptions) -> TreeParts:
     files = {
         mf.NET_PARAMS_FILE: mf.dump_json(mf.NET_PARAMS, net_params),
         f"{mf.NET_DIR}/{mf.TOP_GRAPH_FILE}": mf.dump_json(mf.TOP_GRAPH, top_graph),
-        f"{apu_x}/{mf.APU_JSON_FILE}": mf.dump_json(mf.APU_JSON, apu),
+        f"{apu_x}/{mf.APU_JSON_FILE}": mf.dump_json(mf.APU_DOC, apu_doc),
+        f"{apu_x}/{mf.NPUC_APU_FILE}": mf.dump_json(mf.NPUC_APU, apu),
         f"{apu_x}/{mf.PROG_FILE}": prog,
         f"{apu_x}/{mf.WEIGHT_FILE}": dat,
     }
     summary = {"resolutions": len(graphs), "cmd_size": len(prog), "dat_size": len(dat), "weights": len(weights)}
     return TreeParts(files, summary)
+
+
+def documented_apu(
+    inputs: dict[str, dict], outputs: dict[str, dict], cmd_size: int, image_size: int, batch: int,
+    fed: list[dict[str, tuple[int, ...]]], in_keys: list[str],
+) -> dict[str, object]:  # fmt: skip
+    """apu.json's `apu_x` object, every documented key: npuc's program file is the command stream (cmd_size),
+    its weight image the core image (one chip: sub_image_size [image_size]); loaded wherever the runtime puts
+    it (crmem_load_base_addr 0). Several resolutions add the documented resolution keys; npuc's payload does not
+    use the vendor's NoC, so noc_config is empty and the core ids are npuc's logical cores."""
+
+    def node(values: dict) -> dict[str, object]:
+        return {k: values[k] for k in ("dtype", "name", "shape", "shape_ex")} | {"size": values["num"]}
+
+    doc: dict[str, object] = {
+        "batch_size": batch, "n_slice": batch, "cmd_size": cmd_size, "crmem_load_base_addr": 0,
+        "image_size": image_size, "sub_image_size": [image_size], "sub_image_size_ex": image_size,
+        "inputs": {k: node(v) for k, v in inputs.items()}, "outputs": {k: node(v) for k, v in outputs.items()},
+    }  # fmt: skip
+    if len(fed) > 1:
+        first = inputs[in_keys[0]]["name"]
+        doc |= {
+            "coremem_res_index_addr": 0, "coremem_res_pc_offset": 0, "resolution_num": len(fed),
+            "resolution_config": {
+                f"res{i}": {"core_phy_id": [i], "noc_config": {}, "shape": shape[first]} for i, shape in enumerate(fed)
+            },
+        }  # fmt: skip
+    return doc
 
 
 # ---- writing -----------------------------------------------------------------------------------------------

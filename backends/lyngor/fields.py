@@ -123,6 +123,9 @@ def _shape_kind(name: str, pattern: re.Pattern[str], render: Callable[[tuple[int
 TUPLE_SHAPE = _shape_kind("shape string '(d0, d1, ...)'", _TUPLE_SHAPE, lambda s: str(tuple(s)))
 # Python list text: "[1, 64, 64, 3]".
 LIST_SHAPE = _shape_kind("shape string '[d0, d1, ...]'", _LIST_SHAPE, lambda s: str(list(s)))
+_INT_LIST_TEXT = re.compile(r"^\[\s*(?:\d+\s*(?:,\s*\d+\s*)*)?\]$")
+# a list of integers printed into a string, as apu.json's sub_image_size: "[16128640]" (spacing as Lyngor prints it)
+INT_LIST_TEXT = _shape_kind("string holding an integer list '[n0, n1, ...]'", _INT_LIST_TEXT, lambda s: str(list(s)))
 SHAPE_EX = Kind(
     "shape array [d0, d1, ...]",
     lambda shape: [int(d) for d in shape],

@@ -1,19 +1,21 @@
 """The JSON manifests of a Lyngor output tree: field tables, writers and a validating reader.
 
 Tree (OUTDIR = the folder `lyn.Builder.build(out_path=...)` fills, and what `npuc build` writes):
-    OUTDIR/net_params.json                network description (NET_PARAMS)
-    OUTDIR/Net_0/top_graph.json           graph I/O description (TOP_GRAPH)
-    OUTDIR/Net_0/apu_0/apu_x/apu.json     npuc's APU subgraph descriptor (APU_JSON)
+    OUTDIR/net_params.json                   network description (NET_PARAMS)
+    OUTDIR/Net_0/top_graph.json              graph I/O description (TOP_GRAPH)
+    OUTDIR/Net_0/apu_0/apu_x/apu.json        the SDK's run configuration (APU_DOC)
+    OUTDIR/Net_0/apu_0/apu_x/npuc_apu.json   npuc's program descriptor (NPUC_APU)
     OUTDIR/Net_0/apu_0/apu_x/npuc_prog.bin, npuc_weight.bin   npuc's payload (see payload.py)
 
-Sources. net_params.json (every field, its type and spelling, including the key "net:" with its colon) and
-the `main`/`outputs` part of top_graph.json (shape strings like "(1, 128)", output keys "apu_0:<i>") follow
-Lynxi's "编译生成物说明" page (doc.lynxi.com/lyngor). The public page stops at the `"apu_0": {` object, and
-the vendor's apu.json schema is not public: for those two, npuc writes its own field list (below), in the
-vendor's conventions — I/O nodes `datai<i>`/`datao<i>` with element counts `num`, shapes as list strings
-"[1, 64, 64, 3]" next to `shape_ex` arrays, per-resolution `sub_image_size` (strings) and
-`sub_image_size_ex` (arrays), `resolution_num` and `resolution_config.res<i>`. A vendor-built tree is read
-with the documented tables only (unknown extra keys pass); its apu_0 object and apu.json are kept as raw JSON.
+Sources. net_params.json, top_graph.json and apu.json follow Lynxi's "编译生成物说明" page
+(doc.lynxi.com/lyngor; specs/dmp-lyngor-horizon.md §2.3): every documented key, with its type and spelling
+(the key "net:" with its colon, shapes as strings "(1, 128)" and "[1, 64, 64, 3]", `sub_image_size` as a string
+holding a list). npuc writes the document's form; it reads that and the older form a 2022 Lyngor wrote
+(`map_batch` for `run_batch`, no `version`/`is_dynamic_shape`/`build_mode`; `outputs` inside `main`; an apu.json
+without `n_slice`, `crmem_load_base_addr`, `sub_image_size_ex`, `shape_ex`). In npuc's apu.json the payload
+files take the documented roles: `cmd_size` is npuc_prog.bin's size, `image_size`/`sub_image_size` the weight
+image's, `crmem_load_base_addr` 0 (npuc's payload is position independent). What the SDK file has no field for
+(file names, per-resolution program sections, layouts) is npuc's own npuc_apu.json.
 
 Input transposes are recorded as the vendor's `DLModel.load(transpose_axis=[(0, 3, 1, 2)])` does: the
 permutation taking the fed (NHWC) tensor to the model's NCHW input; `top_graph.main.inputs` gives the fed shape.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from .fields import (
     BOOL,
     DIGITS,
     INT_LIST,
+    INT_LIST_TEXT,
     LIST_SHAPE,
     POS_INT,
     SHAPE_EX,
@@ -60,6 +63,7 @@ TOP_GRAPH_FILE = "top_graph.json"
 APU_DIR = "apu_0"
 APU_X_DIR = "apu_x"
 APU_JSON_FILE = "apu.json"
+NPUC_APU_FILE = "npuc_apu.json"
 PROG_FILE = "npuc_prog.bin"
 WEIGHT_FILE = "npuc_weight.bin"
 SUBGRAPH = "apu_0"
@@ -69,6 +73,12 @@ MAX_MANIFEST_BYTES = 64 << 20  # a manifest larger than this is not a manifest: 
 IO_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32")
 INPUT_DTYPES = ("uint8", "int16", "float16", "float32")
 OUTPUT_DTYPES = ("float16", "float32")
+
+
+def relaxed(table: Table, names: tuple[str, ...]) -> Table:
+    """`table` with the named fields optional (what an older vendor build leaves out)."""
+    return tuple(replace(f, required=False) if f.name in names else f for f in table)
+
 
 # ---- net_params.json (documented) --------------------------------------------------------------------------
 
@@ -95,7 +105,12 @@ NET_PARAMS: Table = (
     Field("build_mode", enum("abc", "hop", "auto"), "abc = CNN mode, hop = brain-inspired sparse mode"),
 )
 
-# ---- top_graph.json (main/outputs documented; apu_0 is npuc's field list) ----------------------------------
+OLDER_NET_PARAMS = ("version", "run_batch", "is_dynamic_shape", "build_mode")  # absent from a 2022 build
+NET_PARAMS_READ: Table = relaxed(NET_PARAMS, OLDER_NET_PARAMS) + (
+    Field("map_batch", POS_INT, "the older name of run_batch", False),
+)
+
+# ---- top_graph.json (documented) -------------------------------------------------------------------------
 
 IO_DTYPE = enum(*IO_DTYPES)
 MAIN_INPUT: Table = (
@@ -103,11 +118,75 @@ MAIN_INPUT: Table = (
     Field("dtype", IO_DTYPE, "input data type"),
     Field("batch", POS_INT, "input batch"),
 )
-MAIN: Table = (Field("inputs", keyed(r".+", MAIN_INPUT), "the network's inputs by name"),)
 GRAPH_OUTPUT: Table = (
     Field("shape", TUPLE_SHAPE, "output shape as a string"),
     Field("dtype", IO_DTYPE, "output data type"),
 )
+GRAPH_OUTPUTS = keyed(r"apu_\d+:\d+", GRAPH_OUTPUT)
+MAIN: Table = (
+    Field("inputs", keyed(r".+", MAIN_INPUT), "the network's inputs by name"),
+    Field("outputs", GRAPH_OUTPUTS, "network outputs, '<subgraph>:<index>'"),
+)
+SUBGRAPH_DOC: Table = (
+    Field("inputs", keyed(r".+", MAIN_INPUT), "the subgraph's inputs, as main.inputs"),
+    Field("outputs", GRAPH_OUTPUTS, "the subgraph's outputs"),
+    Field("is_abc", enum("true", "false"), "CNN (abc) mode, as a string"),
+    Field("version", DIGITS, "lyngor build stamp"),
+)
+TOP_GRAPH: Table = (
+    Field("main", obj(MAIN), "the main network"),
+    Field(SUBGRAPH, obj(SUBGRAPH_DOC), "the APU subgraph"),
+)
+# read: `outputs` inside `main` (what Lyngor writes) or beside it (the document's example); an older subgraph
+# object without is_abc/version
+TOP_GRAPH_READ: Table = (
+    Field("main", obj(relaxed(MAIN, ("outputs",))), "the main network"),
+    Field("outputs", GRAPH_OUTPUTS, "network outputs beside main", False),
+    Field(SUBGRAPH, obj(relaxed(SUBGRAPH_DOC, ("is_abc", "version"))), "the APU subgraph", False),
+)
+
+# ---- apu.json (documented) ---------------------------------------------------------------------------------
+
+APU_NODE: Table = (
+    Field("dtype", IO_DTYPE, "data type"),
+    Field("name", STR, "model input / output node name"),
+    Field("shape", LIST_SHAPE, "shape as a string, '[1, 64, 64, 3]'"),
+    Field("shape_ex", SHAPE_EX, "the same shape as an int array"),
+    Field("size", UINT, "element count"),
+)
+RESOLUTION_DOC: Table = (
+    Field("core_phy_id", INT_LIST, "physical ids of the cores whose resolution index is set"),
+    Field("noc_config", ANY, "NoC lookup-table entries per core and the first NoC register address"),
+    Field("shape", SHAPE_EX, "the input dims of this resolution"),
+)
+
+
+def _apu_x(node: Table) -> Table:
+    return (
+        Field("batch_size", POS_INT, "batch the model was compiled for"),
+        Field("n_slice", POS_INT, "batch the model actually supports"),
+        Field("cmd_size", multiple_of(256), "byte size of cmd.bin"),
+        Field("crmem_load_base_addr", UINT, "DDR load base address of dat.bin"),
+        Field("image_size", UINT, "byte size of core.bin: the sum of sub_image_size"),
+        Field("sub_image_size", INT_LIST_TEXT, "core.bin size per chip, a string holding a list"),
+        Field("sub_image_size_ex", UINT, "the core.bin size"),
+        Field("inputs", keyed(r"datai\d+", node), "input nodes"),
+        Field("outputs", keyed(r"datao\d+", node), "output nodes"),
+        Field("coremem_res_index_addr", UINT, "multi-resolution: where a core keeps its resolution index", False),
+        Field("coremem_res_pc_offset", UINT, "multi-resolution: written with the index before loadnn", False),
+        Field("resolution_config", keyed(r"res\d+", RESOLUTION_DOC), "multi-resolution: per resolution", False),
+        Field("resolution_num", POS_INT, "multi-resolution: number of resolutions", False),
+    )
+
+
+APU_DOC: Table = (Field("apu_x", obj(_apu_x(APU_NODE)), "the APU subgraph's run configuration"),)
+OLDER_APU_X = ("n_slice", "crmem_load_base_addr", "sub_image_size_ex")  # absent from a 2022 build
+APU_DOC_READ: Table = (
+    Field("apu_x", obj(relaxed(_apu_x(relaxed(APU_NODE, ("shape_ex",))), OLDER_APU_X)), "run configuration"),
+)
+
+# ---- npuc's program descriptor (npuc_apu.json) --------------------------------------------------------------
+
 NODE_IN: Table = (
     Field("name", STR, "model input name"),
     Field("shape", LIST_SHAPE, "shape of the data fed (before transpose_axis), '[1, 64, 64, 3]'"),
@@ -123,23 +202,6 @@ NODE_OUT: Table = (
     Field("dtype", IO_DTYPE, "data type returned"),
     Field("num", UINT, "element count"),
 )
-SUBGRAPH_TABLE: Table = (
-    Field("input_num", UINT, "number of datai nodes"),
-    Field("output_num", UINT, "number of datao nodes"),
-    Field("inputs", keyed(r"datai\d+", NODE_IN), "input nodes"),
-    Field("outputs", keyed(r"datao\d+", NODE_OUT), "output nodes"),
-    Field("apu_dir", STR, "folder of the subgraph's apu.json under Net_0/apu_0"),
-    Field("resolution_num", POS_INT, "number of input resolutions compiled"),
-)
-TOP_GRAPH: Table = (
-    Field("main", obj(MAIN), "the main network"),
-    Field("outputs", keyed(r"apu_\d+:\d+", GRAPH_OUTPUT), "network outputs, '<subgraph>:<index>'"),
-    Field(SUBGRAPH, obj(SUBGRAPH_TABLE), "the APU subgraph"),
-)
-TOP_GRAPH_VENDOR: Table = TOP_GRAPH[:2] + (Field(SUBGRAPH, ANY, "vendor subgraph object (not public)", False),)
-
-# ---- apu.json (npuc's field list) --------------------------------------------------------------------------
-
 APU_IN: Table = NODE_IN + (
     Field("sub_image_size", list_of(LIST_SHAPE), "the input's shape in each resolution, as strings"),
     Field("sub_image_size_ex", list_of(SHAPE_EX), "the same shapes as arrays"),
@@ -159,7 +221,7 @@ RESOLUTION: Table = (
     Field("route_table", list_of(obj(ROUTE)), "data routes: input node -> core -> output node"),
     Field("cmd_section", UINT, "index of this resolution's section in the program file"),
 )
-APU_JSON: Table = (
+NPUC_APU: Table = (
     Field("producer", enum("npuc"), "who wrote the payload"),
     Field("format_version", POS_INT, "version of the npuc payload format"),
     Field("chip", enum("ka200"), "target chip"),
@@ -204,12 +266,17 @@ def dump_json(table: Table, values: dict[str, Any]) -> bytes:
 
 @dataclass
 class LyngorTree:
-    """A validated Lyngor output tree (decoded manifests: shapes as tuples)."""
+    """A validated Lyngor output tree (decoded manifests: shapes as tuples).
+
+    net_params has `run_batch` whatever the form; top_graph has `outputs` at the top level whatever the form;
+    `apu_doc` is the documented apu.json's `apu_x` object (None if the tree has none); `apu` is npuc's program
+    descriptor (npuc_apu.json), None for a vendor tree."""
 
     root: Path
     net_params: dict[str, Any]
     top_graph: dict[str, Any]
-    apu: dict[str, Any] | None  # npuc's apu.json; None for a vendor tree
+    apu_doc: dict[str, Any] | None
+    apu: dict[str, Any] | None
     producer: str  # "npuc" or "vendor"
 
     @property
@@ -234,29 +301,61 @@ def load_json(path: Path, where: str) -> Any:
 
 
 def read_tree(root: Path) -> LyngorTree:
-    """Read and validate a Lyngor tree written by npuc or by the vendor's `lyn.Builder`."""
+    """Read and validate a Lyngor tree written by npuc or by the vendor's `lyn.Builder` (either form)."""
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"{root}: not a folder; pass the build output folder (the one holding net_params.json)")
-    net = decode(NET_PARAMS, load_json(root / NET_PARAMS_FILE, str(root / NET_PARAMS_FILE)), NET_PARAMS_FILE, False)
+    apu_x = root / NET_DIR / APU_DIR / APU_X_DIR
+    ours = (apu_x / NPUC_APU_FILE).is_file()
+    net = decode(NET_PARAMS if ours else NET_PARAMS_READ, load_json(root / NET_PARAMS_FILE, NET_PARAMS_FILE),
+                 NET_PARAMS_FILE, strict=ours)  # fmt: skip
+    if "run_batch" not in net:
+        if "map_batch" not in net:
+            raise bad(NET_PARAMS_FILE, "field 'run_batch' (or the older 'map_batch') is missing", "rebuild the tree")
+        net["run_batch"] = net["map_batch"]
     io_config = net["file_name"]["io_config"]
     if not re.fullmatch(r"[\w.-]+\.json", io_config):
         raise bad(f"{NET_PARAMS_FILE}: file_name.io_config", f"{io_config!r} is not a plain JSON file name", "fix it")
     for i in range(net["net_num"]):
         if not (root / f"Net_{i}").is_dir():
             raise bad(NET_PARAMS_FILE, f"net_num is {net['net_num']} but Net_{i}/ is missing", "rebuild the tree")
-    apu_path = root / NET_DIR / APU_DIR / APU_X_DIR / APU_JSON_FILE
-    ours = apu_path.is_file() and (apu_path.parent / PROG_FILE).is_file()
     top_where = f"{NET_DIR}/{io_config}"
-    top_raw = load_json(root / NET_DIR / io_config, top_where)
-    top = decode(TOP_GRAPH if ours else TOP_GRAPH_VENDOR, top_raw, top_where, strict=ours)
+    top = decode(TOP_GRAPH if ours else TOP_GRAPH_READ, load_json(root / NET_DIR / io_config, top_where), top_where,
+                 strict=ours)  # fmt: skip
+    top["outputs"] = _graph_outputs(top, top_where)
     _check_outputs(top, top_where)
-    if not ours:
-        return LyngorTree(root, net, top, None, "vendor")
     apu_where = f"{NET_DIR}/{APU_DIR}/{APU_X_DIR}/{APU_JSON_FILE}"
-    apu = decode(APU_JSON, load_json(apu_path, apu_where), apu_where)
-    _check_npuc(net, top, apu, apu_path.parent, apu_where)
-    return LyngorTree(root, net, top, apu, "npuc")
+    apu_doc = None
+    if ours or (apu_x / APU_JSON_FILE).is_file():
+        table = APU_DOC if ours else APU_DOC_READ
+        apu_doc = decode(table, load_json(apu_x / APU_JSON_FILE, apu_where), apu_where, strict=ours)["apu_x"]
+        _check_apu_doc(apu_doc, apu_where)
+    if not ours:
+        return LyngorTree(root, net, top, apu_doc, None, "vendor")
+    npuc_where = f"{NET_DIR}/{APU_DIR}/{APU_X_DIR}/{NPUC_APU_FILE}"
+    apu = decode(NPUC_APU, load_json(apu_x / NPUC_APU_FILE, npuc_where), npuc_where)
+    _check_npuc(net, top, apu_doc, apu, apu_x, npuc_where)
+    return LyngorTree(root, net, top, apu_doc, apu, "npuc")
+
+
+def _graph_outputs(top: dict[str, Any], where: str) -> dict[str, Any]:
+    """The network outputs, nested in `main` (as Lyngor writes them) or beside it (the document's example)."""
+    nested, beside = top["main"].get("outputs"), top.get("outputs")
+    if nested is None and beside is None:
+        raise bad(where, "no 'outputs' in main or beside it", "rebuild the tree")
+    if nested is not None and beside is not None and nested != beside:
+        raise bad(where, "main.outputs and outputs differ", "rebuild the tree")
+    return nested if nested is not None else beside
+
+
+def _check_apu_doc(apu: dict[str, Any], where: str) -> None:
+    for key, node in [*apu["inputs"].items(), *apu["outputs"].items()]:
+        if "shape_ex" in node and tuple(node["shape"]) != tuple(node["shape_ex"]):
+            raise bad(f"{where}: {key}", f"shape {list(node['shape'])} differs from shape_ex", "rebuild the tree")
+        if node["size"] != int(np.prod(node["shape"], dtype=np.int64)):
+            raise bad(f"{where}: {key}", f"size {node['size']} is not the element count of the shape", "rebuild")
+    if sum(apu["sub_image_size"]) != apu["image_size"]:
+        raise bad(where, f"image_size {apu['image_size']} is not the sum of sub_image_size", "rebuild the tree")
 
 
 def _check_outputs(top: dict[str, Any], where: str) -> None:
@@ -287,26 +386,28 @@ def _check_node(node: dict[str, Any], where: str) -> None:
             raise bad(where, "sub_image_size and sub_image_size_ex differ", "rebuild the tree")
 
 
-def _check_npuc(net: dict[str, Any], top: dict[str, Any], apu: dict[str, Any], folder: Path, where: str) -> None:
-    sub = top[SUBGRAPH]
-    top_in = _indexed(sub["inputs"], "datai", f"{TOP_GRAPH_FILE}: {SUBGRAPH}.inputs")
-    top_out = _indexed(sub["outputs"], "datao", f"{TOP_GRAPH_FILE}: {SUBGRAPH}.outputs")
-    if (sub["input_num"], sub["output_num"]) != (len(top_in), len(top_out)):
-        raise bad(f"{TOP_GRAPH_FILE}: {SUBGRAPH}", "input_num/output_num do not count the nodes", "rebuild")
-    if [n["name"] for n in top_in] != list(top["main"]["inputs"]):
-        raise bad(f"{TOP_GRAPH_FILE}: {SUBGRAPH}.inputs", "node names differ from main.inputs", "rebuild")
-    if sorted(top["outputs"]) != sorted(f"{SUBGRAPH}:{i}" for i in range(len(top_out))):
-        raise bad(f"{TOP_GRAPH_FILE}: outputs", f"keys are not {SUBGRAPH}:0..{len(top_out) - 1}", "rebuild")
+def _check_npuc(
+    net: dict[str, Any], top: dict[str, Any], doc: dict[str, Any], apu: dict[str, Any], folder: Path, where: str
+) -> None:
+    """npuc's descriptor against the documented manifests and the payload files beside it."""
     apu_in = _indexed(apu["inputs"], "datai", f"{where}: inputs")
     apu_out = _indexed(apu["outputs"], "datao", f"{where}: outputs")
-    for i, (a, b) in enumerate([*zip(top_in, apu_in), *zip(top_out, apu_out)]):
-        for node in (a, b):
-            _check_node(node, f"{where}: node {i}")
-        if a["name"] != b["name"] or a["shape_ex"] != b["shape_ex"] or a["dtype"] != b["dtype"]:
-            raise bad(where, f"node {b['name']!r} differs from top_graph.json's", "rebuild the tree")
+    if [n["name"] for n in apu_in] != list(top["main"]["inputs"]):
+        raise bad(f"{where}: inputs", "node names differ from top_graph.json main.inputs", "rebuild the tree")
+    if sorted(top["outputs"]) != sorted(f"{SUBGRAPH}:{i}" for i in range(len(apu_out))):
+        raise bad(f"{TOP_GRAPH_FILE}: outputs", f"keys are not {SUBGRAPH}:0..{len(apu_out) - 1}", "rebuild")
+    doc_nodes = [*_indexed(doc["inputs"], "datai", "apu.json"), *_indexed(doc["outputs"], "datao", "apu.json")]
+    if len(doc_nodes) != len(apu_in) + len(apu_out):
+        raise bad(where, f"{len(apu_in) + len(apu_out)} nodes but apu.json has {len(doc_nodes)}", "rebuild the tree")
+    for i, (node, documented) in enumerate(zip([*apu_in, *apu_out], doc_nodes)):
+        _check_node(node, f"{where}: node {i}")
+        if (node["name"], tuple(node["shape_ex"]), node["dtype"]) != (
+            documented["name"], tuple(documented["shape_ex"]), documented["dtype"]
+        ):  # fmt: skip
+            raise bad(where, f"node {node['name']!r} differs from apu.json's", "rebuild the tree")
     n_res = apu["resolution_num"]
-    if sub["resolution_num"] != n_res or not 0 <= apu["default_resolution"] < n_res:
-        raise bad(where, "resolution_num/default_resolution disagree with top_graph.json", "rebuild the tree")
+    if doc.get("resolution_num", 1) != n_res or not 0 <= apu["default_resolution"] < n_res:
+        raise bad(where, "resolution_num/default_resolution disagree with apu.json", "rebuild the tree")
     if sorted(apu["resolution_config"]) != sorted(f"res{i}" for i in range(n_res)):
         raise bad(f"{where}: resolution_config", f"keys are not res0..res{n_res - 1}", "rebuild the tree")
     for node in [*apu_in, *apu_out]:
@@ -333,3 +434,5 @@ def _check_npuc(net: dict[str, Any], top: dict[str, Any], apu: dict[str, Any], f
         actual = (folder / name).stat().st_size
         if actual != apu[size_key]:
             raise bad(f"{where}: {size_key}", f"{apu[size_key]} but {name} has {actual} bytes", "rebuild the tree")
+    if doc["cmd_size"] != apu["cmd_size"] or doc["batch_size"] != apu["run_batch"]:
+        raise bad(where, "cmd_size/run_batch differ from apu.json's", "rebuild the tree")

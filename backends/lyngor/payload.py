@@ -1,7 +1,7 @@
 """npuc's own Lyngor payload files: the program (`npuc_prog.bin`) and the fp16 weights (`npuc_weight.bin`).
 
 The vendor's binaries (apu_lib.bin, cmd.bin, core.bin, dat.bin) are not public, so an npuc tree carries these
-two documented files instead, in `Net_0/apu_0/apu_x/` next to apu.json, whose `cmd_size`/`dat_size` give their
+two documented files instead, in `Net_0/apu_0/apu_x/` next to npuc_apu.json, whose `cmd_size`/`dat_size` give their
 sizes. All integers are little-endian; both files are zero-padded to a multiple of 256 bytes.
 
 npuc_prog.bin
@@ -11,7 +11,7 @@ npuc_prog.bin
        10  header_size  u16  32
        12  section_num  u32  number of resolutions (one program section each)
        16  table_offset u32  32: the section table follows the header
-       20  file_size    u32  total bytes, padding included (= apu.json cmd_size)
+       20  file_size    u32  total bytes, padding included (= npuc_apu.json and apu.json cmd_size)
        24  crc32        u32  zlib.crc32 of bytes [header_size, file_size)
        28  reserved     u32  0
     section table: section_num x (offset u32, size u32) (SECTION_ENTRY), absolute byte ranges
@@ -25,7 +25,7 @@ npuc_weight.bin
        12  entry_num    u32  number of constant tensors
        16  table_offset u32  32
        20  data_offset  u32  start of the data area (64-aligned)
-       24  file_size    u32  total bytes, padding included (= apu.json dat_size)
+       24  file_size    u32  total bytes, padding included (= npuc_apu.json dat_size)
        28  crc32        u32  zlib.crc32 of bytes [data_offset, file_size)
     entry table: entry_num x 16 bytes (WEIGHT_ENTRY): offset u32 (from data_offset, 64-aligned), nbytes u32,
         dtype u16 (WEIGHT_DTYPES: 1 float16, 2 int32, 3 int64, 4 int8, 5 uint8, 6 bool), ndim u16 (unused, 0),

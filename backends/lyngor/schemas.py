@@ -6,11 +6,17 @@ itself never imports it):
 
 - NET_PARAMS: net_params.json — every field of Lynxi's "编译生成物说明" page, with its type and spelling
   (the key "net:" keeps its colon).
-- TOP_GRAPH_DOCUMENTED: top_graph.json as documented — `main.inputs.<name>` {shape "(1, 128)", dtype, batch}
-  and `outputs."apu_0:<i>"` {shape, dtype}; the vendor's `apu_0` object is not public, so any value passes.
-- TOP_GRAPH: the same plus npuc's `apu_0` object (`datai<i>`/`datao<i>` nodes with element counts `num`).
-- APU: npuc's apu.json (`cmd_size`/`dat_size` multiples of 256, per-resolution `sub_image_size` strings and
-  `sub_image_size_ex` arrays, `resolution_num`, `default_resolution`, `resolution_config.res<i>`).
+- TOP_GRAPH: top_graph.json as documented — `main` {`inputs.<name>` {shape "(1, 128)", dtype, batch},
+  `outputs."apu_0:<i>"` {shape, dtype}} and the subgraph object `apu_0` {inputs, outputs, is_abc "true",
+  version}; TOP_GRAPH_DOCUMENTED also accepts `outputs` beside `main` and an older `apu_0` (what a 2022
+  Lyngor wrote).
+- APU: apu.json as documented — one key `apu_x` holding batch_size, n_slice, cmd_size, crmem_load_base_addr,
+  image_size, sub_image_size (a string holding a list), sub_image_size_ex, inputs.datai<i> / outputs.datao<i>
+  {dtype, name, shape string, shape_ex, size}, and for several resolutions coremem_res_index_addr,
+  coremem_res_pc_offset, resolution_config.res<i> {core_phy_id, noc_config, shape}, resolution_num.
+- NPUC_APU: npuc's own program descriptor npuc_apu.json (`cmd_size`/`dat_size` multiples of 256, per-resolution
+  `sub_image_size` strings and `sub_image_size_ex` arrays, `resolution_num`, `default_resolution`,
+  `resolution_config.res<i>`).
 """
 
 from __future__ import annotations
@@ -73,16 +79,80 @@ NET_PARAMS: dict[str, Any] = {
     ),
 }
 
-MAIN = closed({"inputs": {"type": "object", "additionalProperties": closed(
-    {"shape": TUPLE_SHAPE, "dtype": DTYPE, "batch": POSITIVE}), "minProperties": 1}})  # fmt: skip
+MAIN_INPUTS = {"type": "object", "additionalProperties": closed(
+    {"shape": TUPLE_SHAPE, "dtype": DTYPE, "batch": POSITIVE}), "minProperties": 1}  # fmt: skip
 GRAPH_OUTPUTS = keyed(r"^apu_\d+:\d+$", closed({"shape": TUPLE_SHAPE, "dtype": DTYPE}), 1)
+STAMP = {"type": "string", "pattern": r"^\d+$"}
+
+TOP_GRAPH: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": "top_graph.json",
+    **closed(
+        {
+            "main": closed({"inputs": MAIN_INPUTS, "outputs": GRAPH_OUTPUTS}),
+            "apu_0": closed(
+                {
+                    "inputs": MAIN_INPUTS,
+                    "outputs": GRAPH_OUTPUTS,
+                    "is_abc": {"enum": ["true", "false"]},
+                    "version": STAMP,
+                }
+            ),
+        }
+    ),
+}
 
 TOP_GRAPH_DOCUMENTED: dict[str, Any] = {
     "$schema": DRAFT,
-    "title": "top_graph.json (documented part)",
+    "title": "top_graph.json (either documented form)",
     "type": "object",
-    "properties": {"main": MAIN, "outputs": GRAPH_OUTPUTS, "apu_0": {}},
-    "required": ["main", "outputs"],
+    "properties": {
+        "main": closed({"inputs": MAIN_INPUTS, "outputs": GRAPH_OUTPUTS}, optional=("outputs",)),
+        "outputs": GRAPH_OUTPUTS,
+        "apu_0": {"type": "object"},
+    },
+    "required": ["main"],
+    "anyOf": [{"required": ["outputs"]}, {"properties": {"main": {"required": ["outputs"]}}}],
+}
+
+APU_NODE = closed({"dtype": DTYPE, "name": STRING, "shape": LIST_SHAPE, "shape_ex": SHAPE_EX, "size": COUNT})
+INT_LIST_TEXT = {"type": "string", "pattern": r"^\[\s*(\d+\s*(,\s*\d+\s*)*)?\]$"}  # "[16128640]"
+MULTI_RESOLUTION = ("coremem_res_index_addr", "coremem_res_pc_offset", "resolution_config", "resolution_num")
+APU: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": "apu.json",
+    **closed(
+        {
+            "apu_x": closed(
+                {
+                    "batch_size": POSITIVE,
+                    "n_slice": POSITIVE,
+                    "cmd_size": SIZE_256,
+                    "crmem_load_base_addr": COUNT,
+                    "image_size": COUNT,
+                    "sub_image_size": INT_LIST_TEXT,
+                    "sub_image_size_ex": COUNT,
+                    "inputs": keyed(r"^datai\d+$", APU_NODE, 1),
+                    "outputs": keyed(r"^datao\d+$", APU_NODE, 1),
+                    "coremem_res_index_addr": COUNT,
+                    "coremem_res_pc_offset": COUNT,
+                    "resolution_config": keyed(
+                        r"^res\d+$",
+                        closed(
+                            {
+                                "core_phy_id": {"type": "array", "items": COUNT},
+                                "noc_config": {"type": "object"},
+                                "shape": SHAPE_EX,
+                            }
+                        ),  # fmt: skip
+                        1,
+                    ),
+                    "resolution_num": POSITIVE,
+                },
+                optional=MULTI_RESOLUTION,
+            )
+        }
+    ),
 }
 
 NODE = {"name": STRING, "shape": LIST_SHAPE, "shape_ex": SHAPE_EX, "dtype": DTYPE, "num": COUNT}
@@ -90,27 +160,6 @@ NODE_IN = {**NODE, "transpose_axis": {"type": ["array", "null"], "items": COUNT}
 PER_RESOLUTION = {
     "sub_image_size": {"type": "array", "items": LIST_SHAPE, "minItems": 1},
     "sub_image_size_ex": {"type": "array", "items": SHAPE_EX, "minItems": 1},
-}
-
-TOP_GRAPH: dict[str, Any] = {
-    "$schema": DRAFT,
-    "title": "top_graph.json (npuc)",
-    **closed(
-        {
-            "main": MAIN,
-            "outputs": GRAPH_OUTPUTS,
-            "apu_0": closed(
-                {
-                    "input_num": POSITIVE,
-                    "output_num": POSITIVE,
-                    "inputs": keyed(r"^datai\d+$", closed(NODE_IN), 1),
-                    "outputs": keyed(r"^datao\d+$", closed(NODE), 1),
-                    "apu_dir": {"const": "apu_x"},
-                    "resolution_num": POSITIVE,
-                }
-            ),
-        }
-    ),
 }
 
 ROUTE = closed(
@@ -132,9 +181,9 @@ RESOLUTION = closed(
     }
 )
 
-APU: dict[str, Any] = {
+NPUC_APU: dict[str, Any] = {
     "$schema": DRAFT,
-    "title": "apu.json (npuc)",
+    "title": "npuc_apu.json",
     **closed(
         {
             "producer": {"const": "npuc"},
@@ -158,9 +207,10 @@ APU: dict[str, Any] = {
     ),
 }
 
-# manifest path inside a tree -> its schema (npuc trees); vendor trees use NET_PARAMS and TOP_GRAPH_DOCUMENTED
+# manifest path inside a tree -> its schema (npuc trees); vendor trees: TOP_GRAPH_DOCUMENTED and their own forms
 TREE_SCHEMAS: dict[str, dict[str, Any]] = {
     "net_params.json": NET_PARAMS,
     "Net_0/top_graph.json": TOP_GRAPH,
     "Net_0/apu_0/apu_x/apu.json": APU,
+    "Net_0/apu_0/apu_x/npuc_apu.json": NPUC_APU,
 }

@@ -62,11 +62,11 @@ def load_resolution(tree: mf.LyngorTree, index: int) -> Graph:
     weights = read_weights((folder / apu["dat_file"]).read_bytes(), f"{rel}/{apu['dat_file']}")
     section = apu["resolution_config"][f"res{index}"]["cmd_section"]
     if section >= len(sections):
-        raise UserError(f"{rel}/apu.json: res{index}.cmd_section {section} but the program has {len(sections)}")
+        raise UserError(f"{rel}/npuc_apu.json: res{index}.cmd_section {section} but the program has {len(sections)}")
     graph = decode_section(sections[section], weights, f"{rel}/{apu['cmd_file']} section {section}")
     expected_in = [n["name"] for n in apu["inputs"].values()]
     if sorted(graph.inputs) != sorted(expected_in) or len(graph.outputs) != len(apu["outputs"]):
-        raise UserError(f"{rel}: program section {section} does not have apu.json's inputs/outputs; rebuild it")
+        raise UserError(f"{rel}: program section {section} does not have npuc_apu.json's inputs/outputs; rebuild it")
     return graph
 
 
