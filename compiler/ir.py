@@ -74,6 +74,8 @@ class Graph:
     outputs: list[str] = field(default_factory=list)
     # Per-input layout of the data the user feeds ("nchw" unless a leading NHWC transpose was absorbed).
     input_layouts: dict[str, str] = field(default_factory=dict)
+    # What passes tell the user about this graph (a format fallback, ...), printed by the build as notes.
+    notes: list[str] = field(default_factory=list)
 
     # ---- construction -------------------------------------------------------------------------------
     def add_tensor(self, name: str, shape: Iterable[int], dtype: str = "float32") -> Tensor:

@@ -41,6 +41,7 @@ class BuildRequest:
 class BuildResult:
     artifacts: list[Path]
     summary: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # for the user: printed as `note:` lines
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,20 @@ REAL_MODELS: dict[str, RealModel] = {
             notes="PP-OCRv6 tiny text detector (DB probability map); H, W multiples of 32; ImageNet "
             "mean/std on x/255; ConvTranspose, Resize, GELU via Erf",
         ),
+        RealModel(
+            name="yolov8n_320",
+            package="nudenet",
+            version="3.4.2",
+            archive="wheel",
+            member="nudenet/320n.onnx",
+            sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+            input_name="images",
+            input_shape=(1, 3, 320, 320),
+            layout="nchw",
+            output_shapes={"output0": (1, 22, 2100)},
+            notes="YOLOv8n detector (Ultralytics export, 18 classes), RGB/255; Split (C2f), SiLU, SPPF MaxPool, "
+            "Resize, Concat, DFL Softmax head; AGPL-3.0 model: fetched at test time, never committed",
+        ),
     )
 }
 

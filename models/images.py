@@ -180,6 +180,7 @@ RECIPES: dict[str, Recipe] = {
     "mtcnn_rnet": Recipe("stretch", "rgb", 1.0, (127.5,) * 3, (128.0,) * 3, transpose_hw=True),
     "mtcnn_onet": Recipe("stretch", "rgb", 1.0, (127.5,) * 3, (128.0,) * 3, transpose_hw=True),
     "ppocrv6_det_tiny": Recipe("stretch", "bgr", 1 / 255, IMAGENET_MEAN, IMAGENET_STD),
+    "yolov8n_320": Recipe("stretch", "rgb", 1 / 255, (0.0,) * 3, (1.0,) * 3),
 }
 
 
@@ -242,6 +243,7 @@ PICTURES: dict[str, Callable[[], list[np.ndarray]]] = {
     "mtcnn_rnet": _faces_then_photos,
     "mtcnn_onet": _faces_then_photos,
     "ppocrv6_det_tiny": _documents,
+    "yolov8n_320": _photos,
 }
 
 

@@ -158,11 +158,15 @@ def quantize(
         _unfuse_activations(qgraph, _bf16_act_ok)
     ctx = QuantContext(qgraph, thresholds)
     new_ops: list[Op] = []
+    fell_back: dict[str, list[str]] = {}  # op kind -> ops that asked for the main format and did not get it
     for op in qgraph.ops:
-        rule = None if keep_float & {op.name, *op.outputs} else main.rules.get(op.kind)
+        asked = not keep_float & {op.name, *op.outputs}
+        rule = main.rules.get(op.kind) if asked else None
         lowered = rule(ctx, op) if rule is not None else None
         if lowered is None and fallback is not None:
             lowered = fallback.rules[op.kind](ctx, op)
+            if asked and lowered is not None:
+                fell_back.setdefault(op.kind, []).append(op.name)
         if lowered is None:
             raise UserError(f"op '{op.name}' ({op.kind}) cannot be quantized by scheme '{scheme}'")
         new_ops += ctx.pending
@@ -173,6 +177,12 @@ def quantize(
             _annotate_output(ctx, out, lowered.quant)
         new_ops.append(op)
     qgraph.ops = new_ops
+    for kind, names in fell_back.items():
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        qgraph.notes.append(
+            f"{len(names)} {kind} op(s) run in {fallback.name.split('_')[-1]}, not {scheme.split('_')[-1]} "
+            f"(no {scheme.split('_')[-1]} form, or no threshold in the table): {shown}"
+        )
     _dequantize_outputs(ctx)
     qgraph.ops += ctx.pending
     qgraph.prune()

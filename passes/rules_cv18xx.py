@@ -142,6 +142,11 @@ def _int8_passthrough(ctx: QuantContext, op: Op) -> Lowered | None:
     return Lowered([ctx.as_int8(op.inputs[0]), *op.inputs[1:]], OpQuant("int8", (int8_params(th),), int8_params(th)))
 
 
+def _int8_resize(ctx: QuantContext, op: Op) -> Lowered | None:
+    """Nearest resizing copies codes (the output keeps the input threshold); other modes interpolate: bf16."""
+    return _int8_passthrough(ctx, op) if op.attrs.mode == "nearest" else None
+
+
 def _int8_pool(ctx: QuantContext, op: Op) -> Lowered | None:
     if op.attrs.mode == "max":
         return _int8_passthrough(ctx, op)
@@ -226,11 +231,12 @@ CV18XX_INT8_RULES: Mapping[str, Rule] = MappingProxyType(
         "matmul": _int8_gemm,
         "eltwise": _int8_eltwise,
         "concat": _int8_concat,
+        "resize": _int8_resize,
         "pool2d": _int8_pool,
         "global_pool": _int8_pool,
         "activation": _int8_activation,
         "lut": _int8_activation,
-        **{kind: _int8_passthrough for kind in ("reshape", "transpose", "slice", "pad", "expand", "gather")},
+        **{kind: _int8_passthrough for kind in ("reshape", "transpose", "slice", "split", "pad", "expand", "gather")},
     }
 )
 

@@ -121,6 +121,40 @@ def _bf16_to_fp32_cast(qgraph: Graph, softmax: Op) -> Op:
     return cast
 
 
+def _softmax_islands(qgraph: Graph) -> list[Op]:
+    """bf16 softmax ops inside the graph (the DFL head of a YOLOv8, an attention block): the runtime's CPU
+    `softmax` between two TPU routines, in fp32. The TPU writes the input as fp32 words (a bf16 -> fp32 cast)
+    and reads the result back through an fp32 -> bf16 cast; tpu-mlir computes these on the TPU instead."""
+    islands = []
+    for op in list(qgraph.ops):
+        if op.kind != "softmax" or _fmt_of(qgraph, op.inputs[0]) != "bf16":
+            continue
+        feeder = _bf16_to_fp32_cast(qgraph, op)
+        fed = qgraph.tensors[feeder.outputs[0]]
+        fed.dtype, fed.quant = "float32", None
+        feeder.attrs.quant.output = None
+        out = op.outputs[0]
+        f32 = qgraph.unique_name(f"{out}_f32")
+        qgraph.add_tensor(f32, qgraph.shape(out), "float32")
+        out_quant = qgraph.tensors[out].quant
+        back = Op(f32, "cast", [f32], [out], with_quant(ops.Cast("bf16"), OpQuant("cast", (None,), out_quant)))
+        qgraph.ops.insert(qgraph.ops.index(op) + 1, back)
+        op.outputs = [f32]
+        islands.append(op)
+    return islands
+
+
+def _segments(tpu_ops: list[Op], islands: list[Op]) -> list[list[Op]]:
+    """The TPU ops cut at each CPU island, in graph order (so every op follows the islands it depends on)."""
+    segments: list[list[Op]] = [[]]
+    for op in tpu_ops:
+        if op in islands:
+            segments.append([])
+        else:
+            segments[-1].append(op)
+    return segments
+
+
 def _nhwc_inputs(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op]) -> None:
     """Inputs fed NHWC (an absorbed input transpose) enter the TPU as fed and are transposed to NCHW there,
     right after the step that makes them TPU data: the CPU quant routine's output (int8), the TPU's bf16
@@ -211,7 +245,7 @@ def _build_time() -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
+def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     """The .cvimodel bytes and a summary for one build request."""
     opts = request.options
     chip = chip_spec(request.chip or DEFAULT_CHIP)
@@ -230,6 +264,7 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
         copy.deepcopy(request.graph), table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request)
     )
     tail_ops = _softmax_tail(qgraph)
+    islands = _softmax_islands(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
     _nhwc_inputs(qgraph, cpu_ops, tpu_ops)
     tpu_outputs = [op.inputs[0] if op.outputs[0] in outputs else None for op in tail_ops]
@@ -238,18 +273,32 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
     ]
     fmt = {name: _fmt_of(qgraph, name) for name in qgraph.tensors if not qgraph.tensors[name].is_const}
     inputs = list(qgraph.inputs)
-    cpu_touched = [op.outputs[0] for op in cpu_ops] + [op.inputs[0] for op in tail_ops]
+    cpu_touched = [op.outputs[0] for op in cpu_ops] + [n for op in [*tail_ops, *islands] for n in op.inputs]
+    cpu_touched += [op.outputs[0] for op in islands]
     pinned = set(inputs) | set(outputs) | set(cpu_touched)
-    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, CmdStream(chip, sync=opts.get("sync", "parallel")),
-                 compress_weights=bool(opts.get("compress_weights", True)))  # fmt: skip
-    units = layer_groups(cg, tpu_ops, pinned | set(tpu_outputs)) if opts.get("layer_group", True) else tpu_ops
+    stream = lambda: CmdStream(chip, sync=opts.get("sync", "parallel"))  # noqa: E731
+    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, stream(), compress_weights=bool(opts.get("compress_weights", True)))
+    segments = [
+        layer_groups(cg, seg, pinned | set(tpu_outputs)) if opts.get("layer_group", True) else seg
+        for seg in _segments([op for op in tpu_ops], islands)
+    ]
+    units = [u for seg in segments for u in seg]
     # One liveness plan over the whole program, CPU routines included: what a CPU routine writes or reads lives
     # in the shared region like any activation (tpu-mlir plans each TPU routine apart, so it keeps them in
     # private memory, a region of its own per program).
-    schedule = [*cpu_ops, *units, *tail_ops]
-    cg.plan = plan_memory(qgraph, schedule, fmt, inputs + outputs, [], _aliases(qgraph, tpu_ops, pinned))
-    generate(cg, units)
-    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, units, tail_ops, inputs, outputs, tpu_outputs)
+    schedule = [*cpu_ops, *segments[0]]
+    for island, seg in zip(islands, segments[1:]):
+        schedule += [island, *seg]
+    schedule += tail_ops
+    tpu_only = [op for op in tpu_ops if op not in islands]
+    cg.plan = plan_memory(qgraph, schedule, fmt, inputs + outputs, [], _aliases(qgraph, tpu_only, pinned))
+    streams = []
+    for seg in segments:
+        cg.stream = stream()
+        generate(cg, seg)
+        streams.append(cg.stream)
+    model = _assemble(request, chip.name, qgraph, cg, cpu_ops, segments, streams, islands, tail_ops, inputs, outputs,
+                      tpu_outputs)  # fmt: skip
     data = write_cvimodel(model)
     read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
     summary = {
@@ -262,8 +311,15 @@ def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
         "layer_groups": sum(isinstance(u, LayerGroup) for u in units),
         "grouped_ops": sum(len(u.ops) for u in units if isinstance(u, LayerGroup)),
         "group_tiles": sum(len(list(u.tiles(qgraph))) for u in units if isinstance(u, LayerGroup)),
-        **cg.stream.counts(),
+        **{key: sum(st.counts()[key] for st in streams) for key in streams[0].counts()},
+        **({"cpu_softmax_routines": len(islands)} if islands else {}),
     }
+    return data, summary, qgraph.notes
+
+
+def compile_cvimodel(request: BuildRequest) -> tuple[bytes, dict[str, Any]]:
+    """The .cvimodel bytes and the build summary."""
+    data, summary, _ = _compile(request)
     return data, summary
 
 
@@ -273,7 +329,9 @@ def _assemble(
     g: Graph,
     cg: Codegen,
     cpu_ops: list[Op],
-    tpu_ops: list[Op | LayerGroup],
+    segments: list[list[Op | LayerGroup]],
+    streams: list[CmdStream],
+    islands: list[Op],
     tail_ops: list[Op],
     inputs: list[str],
     outputs: list[str],
@@ -295,22 +353,36 @@ def _assemble(
     for op in cpu_ops:
         scale = 127.0 / g.tensors[op.outputs[0]].quant.threshold
         routines.append(cpu_routine(op, "quant", _cpu_args(**{"from": "FP32", "scale": scale, "to": "INT8"})))
-    produced = {out for op in tpu_ops for out in op.outputs}
-    tpu_inputs = sorted({n for op in tpu_ops for n in op.inputs if n and n not in produced and n in cg.fmt},
-                        key=lambda n: list(g.tensors).index(n))  # fmt: skip
-    routines.append(
-        schema.new(
-            "Routine",
-            type=routine_types["TPU"],
-            in_tensors=tpu_inputs,
-            out_tensors=list(tpu_outputs),
-            tpu_routine=schema.new("TpuRoutine", cmdbuf_section="subfunc_0"),
+    order = list(g.tensors)
+    later_reads: list[set[str]] = []  # per segment: what the islands, later segments and tail ops read
+    for k in range(len(segments)):
+        rest = [*islands[k:], *(u for seg in segments[k + 1 :] for u in seg), *tail_ops]
+        later_reads.append({n for u in rest for n in u.inputs})
+    for k, seg in enumerate(segments):
+        produced = {out for op in seg for out in op.outputs}
+        seg_inputs = sorted({n for op in seg for n in op.inputs if n and n not in produced and n in cg.fmt},
+                            key=order.index)  # fmt: skip
+        if len(segments) == 1:
+            seg_outputs = list(tpu_outputs)
+        else:
+            seg_outputs = [n for n in order if n in produced and (n in later_reads[k] or n in tpu_outputs)]
+        routines.append(
+            schema.new(
+                "Routine",
+                type=routine_types["TPU"],
+                in_tensors=seg_inputs,
+                out_tensors=seg_outputs,
+                tpu_routine=schema.new("TpuRoutine", cmdbuf_section=f"subfunc_{k}"),
+            )
         )
-    )
+        if k < len(islands):
+            axis = islands[k].attrs.axis % len(g.shape(islands[k].inputs[0]))
+            routines.append(cpu_routine(islands[k], "softmax", _cpu_args(axis=axis)))
     for op in tail_ops:
         axis = op.attrs.axis % len(g.shape(op.inputs[0]))
         routines.append(cpu_routine(op, "softmax", _cpu_args(axis=axis)))
-    names = [*inputs, *(o for op in [*cpu_ops, *tpu_ops, *tail_ops] for o in op.outputs)]
+    tpu_ops = [u for seg in segments for u in seg]
+    names = [*inputs, *(o for op in [*cpu_ops, *tpu_ops, *islands, *tail_ops] for o in op.outputs)]
     tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs) for n in dict.fromkeys(names)]
     weight_map = [
         schema.new(
@@ -337,7 +409,7 @@ def _assemble(
     section_types = schema.enums["SectionType"].values
     sections = [
         schema.new("Section", type=section_types["WEIGHT"], name="weight"),
-        schema.new("Section", type=section_types["CMDBUF"], name="subfunc_0"),
+        *(schema.new("Section", type=section_types["CMDBUF"], name=f"subfunc_{k}") for k in range(len(streams))),
     ]
     body = schema.new(
         "Model",
@@ -350,13 +422,13 @@ def _assemble(
         target=chip,
         mlir_version="npuc",
     )
-    blobs = {"weight": cg.weights.section(), "subfunc_0": cg.stream.to_bytes()}
+    blobs = {"weight": cg.weights.section(), **{f"subfunc_{k}": st.to_bytes() for k, st in enumerate(streams)}}
     return CviModel(chip, body, blobs)
 
 
 def build(request: BuildRequest) -> BuildResult:
-    data, summary = compile_cvimodel(request)
+    data, summary, notes = _compile(request)
     given = request.output  # an existing path (a folder, /dev/null) is kept as given and refused on writing
     out = given if given.suffix or os.path.exists(given) or not given.name else given.with_suffix(".cvimodel")
     atomic_write_bytes(Path(out), data)
-    return BuildResult([Path(out)], summary)
+    return BuildResult([Path(out)], summary, notes)

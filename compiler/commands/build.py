@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
             summary = {"target": chosen.name, "artifacts": [str(a) for a in result.artifacts], **result.summary}
             typer.echo(json.dumps(summary, indent=2, default=str))
             return
-        for note in notes:
+        for note in [*notes, *result.notes]:
             typer.echo(f"note: {note}")
         for artifact in result.artifacts:
             typer.echo(f"wrote {artifact}")

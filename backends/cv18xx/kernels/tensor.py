@@ -38,40 +38,92 @@ def reshape(cg: Codegen, op: Op) -> None:
     _copy(cg, op, x, x.__class__.contiguous(dst.region, dst.offset, x.shape, x.fmt))
 
 
+def _axis_views(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """(outer, inner, width): elements before `axis`, after it, and the row width that tiles what follows."""
+    outer = int(np.prod(shape[:axis]))
+    inner = int(np.prod(shape[axis + 1 :]))
+    width = shape[-1] if axis < len(shape) - 1 else 1
+    return outer, inner, width
+
+
+def _move_slots(cg: Codegen, op: Op, moves: list[tuple[GTensor, GTensor, tuple[int, int] | None]]) -> None:
+    """Copy each (src, dst) pair of equally shaped (outer, size, rows, width) views through local memory,
+    requantizing by (multiplier, rshift) when one is given."""
+    s = cg.stream
+    for src, dst, rescale in moves:
+        local = cg.local(op)
+        for b, cs, hs in tiles(cg, op, src.shape, src.fmt, 1):
+            local.reset()
+            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], src.shape[3]), src.fmt)
+            dma.load(s, _part(src, b, cs, hs), lt)
+            if rescale is not None:
+                s.tiu(tiu.mul(lt, lt, *rescale))
+            dma.store(s, lt, _part(dst, b, cs, hs))
+
+
+def _slot(g: GTensor, total: int, start: int, size: int, outer: int, inner: int, width: int) -> GTensor:
+    """The (outer, size, rows, width) view of positions start..start+size along the axis of a packed tensor
+    whose axis has `total` positions."""
+    e = 2 if g.fmt == "bf16" else 1
+    view = (outer, size, inner // width, width)
+    return GTensor(g.region, g.offset + start * inner * e, view, g.fmt, (total * inner * e, inner * e, width * e, e))
+
+
 @kernel("concat")
 def concat(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
     out_shape = cg.graph.shape(op.outputs[0])
     axis = op.attrs.axis % len(out_shape)
-    outer = int(np.prod(out_shape[:axis]))
-    inner = int(np.prod(out_shape[axis + 1 :]))
+    outer, inner, width = _axis_views(out_shape, axis)
     y = cg.gtensor(op.outputs[0])
-    e = 2 if y.fmt == "bf16" else 1
-    total = out_shape[axis]
-    # the elements after the axis as rows of the output's last dim, so a wide tensor tiles by rows
-    width = out_shape[-1] if axis < len(out_shape) - 1 else 1
-    rows = inner // width
     mults = np.asarray(q.multiplier).ravel() if q.multiplier is not None else None
     shifts = np.broadcast_to(np.asarray(q.rshift).ravel(), (len(op.inputs),)) if q.rshift is not None else None
-    s = cg.stream
-    start = 0
+    moves, start = [], 0
     for i, name in enumerate(op.inputs):
         size = cg.graph.shape(name)[axis]
-        place = cg.plan.places[name]
-        # (outer, size, rows, width) views of the input and of its slot in the output
-        view = (outer, size, rows, width)
-        src = GTensor(place.region, place.offset, view, y.fmt, (size * inner * e, inner * e, width * e, e))
-        dst = GTensor(y.region, y.offset + start * inner * e, view, y.fmt, (total * inner * e, inner * e, width * e, e))
+        src = _slot(cg.gtensor(name), size, 0, size, outer, inner, width)
         rescale = mults is not None and (int(mults[i]) != 1 or int(shifts[i]) != 0)
-        local = cg.local(op)
-        for b, cs, hs in tiles(cg, op, src.shape, src.fmt, 1):
-            local.reset()
-            lt = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], width), src.fmt)
-            dma.load(s, _part(src, b, cs, hs), lt)
-            if rescale:
-                s.tiu(tiu.mul(lt, lt, int(mults[i]), int(shifts[i])))
-            dma.store(s, lt, _part(dst, b, cs, hs))
+        moves.append((src, _slot(y, out_shape[axis], start, size, outer, inner, width),
+                      (int(mults[i]), int(shifts[i])) if rescale else None))  # fmt: skip
         start += size
+    _move_slots(cg, op, moves)
+
+
+@kernel("split")
+def split(cg: Codegen, op: Op) -> None:
+    """Each output is a copy of its run of positions along the axis (the codes keep the input's scale)."""
+    in_shape = cg.graph.shape(op.inputs[0])
+    axis = op.attrs.axis % len(in_shape)
+    outer, inner, width = _axis_views(in_shape, axis)
+    x = cg.gtensor(op.inputs[0])
+    moves, start = [], 0
+    for name, size in zip(op.outputs, op.attrs.sizes, strict=True):
+        dst = _slot(cg.gtensor(name), size, 0, size, outer, inner, width)
+        moves.append((_slot(x, in_shape[axis], start, size, outer, inner, width), dst, None))
+        start += size
+    _move_slots(cg, op, moves)
+
+
+@kernel("slice")
+def slice_op(cg: Codegen, op: Op) -> None:
+    """A contiguous run along one axis (step 1): a split with one kept part."""
+    a = op.attrs
+    in_shape = cg.graph.shape(op.inputs[0])
+    out_shape = cg.graph.shape(op.outputs[0])
+    changed = [i for i, (d_in, d_out) in enumerate(zip(in_shape, out_shape)) if d_in != d_out]
+    if len(changed) > 1 or any(step != 1 for step in a.steps):
+        raise no_kernel(op, "a slice over several axes or with steps")
+    if not changed:
+        reshape(cg, op)
+        return
+    axis = changed[0]
+    start = next(int(st) for st, ax in zip(a.starts, a.axes) if ax % len(in_shape) == axis)
+    start = start + in_shape[axis] if start < 0 else min(start, in_shape[axis])
+    outer, inner, width = _axis_views(in_shape, axis)
+    size = out_shape[axis]
+    src = _slot(cg.gtensor(op.inputs[0]), in_shape[axis], start, size, outer, inner, width)
+    dst = _slot(cg.gtensor(op.outputs[0]), size, 0, size, outer, inner, width)
+    _move_slots(cg, op, [(src, dst, None)])
 
 
 def _high_halves(f32: LTensor, shape: tuple[int, int, int, int]) -> LTensor:
@@ -80,11 +132,25 @@ def _high_halves(f32: LTensor, shape: tuple[int, int, int, int]) -> LTensor:
     return LTensor(f32.addr + 2, shape, "bf16", (n_str, c_str, h_str, 4))
 
 
+MAX_TIU_DIM = 4095  # TIU shape fields are 12 bits
+
+
+def _fold_rows(shape: tuple[int, int, int, int], widen: int) -> tuple[int, int, int, int]:
+    """An elementwise view of a packed (n, c, h, w) tensor whose rows, `widen` times wider as fp32 halves, fit
+    the TIU: h x w refolded as h' x w' with w' the largest divisor of h*w that is small enough."""
+    n, c, h, w = shape
+    if w * widen <= MAX_TIU_DIM:
+        return shape
+    plane = h * w
+    width = next(d for d in range(MAX_TIU_DIM // widen, 0, -1) if plane % d == 0)
+    return (n, c, plane // width, width)
+
+
 @kernel("cast")
 def cast(cg: Codegen, op: Op) -> None:
     src_fmt, dst_fmt = cg.fmt[op.inputs[0]], cg.fmt[op.outputs[0]]
     q = quant_of(op)
-    shape = to4d(cg.graph.shape(op.inputs[0]))
+    shape = _fold_rows(to4d(cg.graph.shape(op.inputs[0])), 4)  # fp32 words are handled as 4 bf16-byte lanes
     x = cg.gtensor(op.inputs[0], shape)
     y = cg.gtensor(op.outputs[0], shape)
     s = cg.stream

@@ -237,5 +237,5 @@ def _passthrough(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return FLOAT_KERNELS[op.kind](op, inputs)
 
 
-for _kind in ("reshape", "transpose", "slice", "split", "pad", "expand", "gather"):
+for _kind in ("reshape", "transpose", "slice", "split", "pad", "expand", "gather", "resize"):
     quant_kernel("int8", _kind)(_passthrough)
