@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 ACTIVATION_KINDS = (
     "relu", "leaky_relu", "clip", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "gelu", "erf", "elu",
+    "sqrt", "exp", "log", "reciprocal", "neg", "abs",
 )  # fmt: skip
 
 
@@ -148,6 +149,25 @@ class Slice:
     ends: tuple[int, ...]
     axes: tuple[int, ...]
     steps: tuple[int, ...]
+
+
+@dataclass
+class Recurrent:
+    """An ONNX LSTM or GRU over a whole sequence (layout 0: [seq, batch, features]).
+
+    Inputs [X, W, R, B, initial_h] (+ initial_c and peepholes P for an LSTM), all present (the frontend makes
+    zeros for the optional ones); outputs [Y (seq, directions, batch, hidden), Y_h] (+ Y_c). Gate order as
+    ONNX: LSTM i, o, f, c; GRU z, r, h. Default activations only (sigmoid, tanh)."""
+
+    cell: str  # "lstm" | "gru"
+    hidden: int
+    direction: str = "forward"  # forward | reverse | bidirectional
+    clip: float | None = None  # pre-activation clip of every gate
+    linear_before_reset: bool = False  # GRU: apply the reset gate after the recurrent matmul
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.direction == "bidirectional" else 1
 
 
 @dataclass
@@ -332,6 +352,19 @@ def _infer_split(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [tuple(s[0][: a.axis]) + (n,) + tuple(s[0][a.axis + 1 :]) for n in a.sizes]
 
 
+def _infer_recurrent(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+    a: Recurrent = op.attrs
+    if len(s[0]) != 3:
+        raise _shape_error(op, f"the sequence input is {list(s[0])}; it must be [seq, batch, features]")
+    seq, batch, features = s[0]
+    gates = 4 if a.cell == "lstm" else 3
+    want = [(a.directions, gates * a.hidden, features), (a.directions, gates * a.hidden, a.hidden)]
+    if [tuple(x) for x in s[1:3]] != want:
+        raise _shape_error(op, f"W, R are {[list(x) for x in s[1:3]]}; expected {[list(w) for w in want]}")
+    state = (a.directions, batch, a.hidden)
+    return [(seq, a.directions, batch, a.hidden), state] + ([state] if a.cell == "lstm" else [])
+
+
 def _infer_pad(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     rank = len(s[0])
     pads = op.attrs.pads
@@ -377,6 +410,7 @@ OPS: dict[str, OpDef] = {
         OpDef("transpose", Transpose, lambda g, op, s: [tuple(s[0][p] for p in op.attrs.perm)], (1, 1)),
         OpDef("slice", Slice, _infer_slice, (1, 1)),
         OpDef("split", Split, _infer_split, (1, 1)),
+        OpDef("recurrent", Recurrent, _infer_recurrent, (5, 7)),
         OpDef("pad", Pad, _infer_pad, (1, 1)),
         OpDef("resize", Resize, lambda g, op, s: [tuple(op.attrs.out_shape)], (1, 1)),
         OpDef("lrn", LRN, _same, (1, 1)),

@@ -158,6 +158,34 @@ REAL_MODELS: dict[str, RealModel] = {
             notes="YOLOv8n detector (Ultralytics export, 18 classes), RGB/255; Split (C2f), SiLU, SPPF MaxPool, "
             "Resize, Concat, DFL Softmax head; AGPL-3.0 model: fetched at test time, never committed",
         ),
+        RealModel(
+            name="ppocrv4_rec",
+            package="rapidocr-onnxruntime",
+            version="1.4.4",
+            archive="wheel",
+            member="rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+            sha256="48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+            input_name="x",
+            input_shape=(1, 3, 48, 320),
+            layout="nchw",
+            output_shapes={"softmax_11.tmp_0": (1, 40, 6625)},
+            notes="PP-OCRv4 text recogniser (SVTR neck): LayerNorm spelled ReduceMean/Sub/Pow/Sqrt/Div, attention "
+            "MatMul of two activations, Softmax; BGR, (x/255-0.5)/0.5, height 48",
+        ),
+        RealModel(
+            name="ddddocr_crnn",
+            package="ddddocr",
+            version="1.6.1",
+            archive="wheel",
+            member="ddddocr/common.onnx",
+            sha256="33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+            input_name="input1",
+            input_shape=(1, 1, 64, 160),
+            layout="nchw",
+            output_shapes={"387": (20, 1, 8210)},
+            notes="ddddocr CRNN captcha recogniser: convolutions then a bidirectional LSTM (with initial states), "
+            "Gemm classifier; grey, (x/255-0.5)/0.5, height 64",
+        ),
     )
 }
 

@@ -181,6 +181,8 @@ RECIPES: dict[str, Recipe] = {
     "mtcnn_onet": Recipe("stretch", "rgb", 1.0, (127.5,) * 3, (128.0,) * 3, transpose_hw=True),
     "ppocrv6_det_tiny": Recipe("stretch", "bgr", 1 / 255, IMAGENET_MEAN, IMAGENET_STD),
     "yolov8n_320": Recipe("stretch", "rgb", 1 / 255, (0.0,) * 3, (1.0,) * 3),
+    "ppocrv4_rec": Recipe("height_pad", "bgr", 1 / 255, (0.5,) * 3, (0.5,) * 3, pad_after_norm=True),
+    "ddddocr_crnn": Recipe("stretch", "gray", 1 / 255, (0.5,), (0.5,)),
 }
 
 
@@ -244,6 +246,8 @@ PICTURES: dict[str, Callable[[], list[np.ndarray]]] = {
     "mtcnn_onet": _faces_then_photos,
     "ppocrv6_det_tiny": _documents,
     "yolov8n_320": _photos,
+    "ppocrv4_rec": lambda: [img for _, img in text_line_crops()],
+    "ddddocr_crnn": lambda: [img for _, img in text_line_crops()],
 }
 
 

@@ -24,6 +24,9 @@ SPEC_SHA256 = {
     "mtcnn_rnet": "de0f837f02b57e1e85959c3ae5c46bcd16162e6e95be5db8794e3c7c85a89004",
     "mtcnn_onet": "d80f19b44f72e45dd2b7d01384d56994220f60d9417b2a7fbba9041ef1d75e52",
     "ppocrv6_det_tiny": "193bab7a04fca699a6c82e6abb5b81bdb28177f0abd4062552b04908dafb19f8",
+    "yolov8n_320": "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+    "ppocrv4_rec": "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+    "ddddocr_crnn": "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
 }
 SPEC_SIZES = {
     "pplcnet_orientation": 6783084,
@@ -32,6 +35,9 @@ SPEC_SIZES = {
     "mtcnn_rnet": 403309,
     "mtcnn_onet": 1559570,
     "ppocrv6_det_tiny": 1780590,
+    "yolov8n_320": 12150158,
+    "ppocrv4_rec": 10857958,
+    "ddddocr_crnn": 54088400,
 }
 
 

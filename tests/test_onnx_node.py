@@ -25,7 +25,7 @@ CLAIMED = {
     "Concat", "Reshape", "Flatten", "Transpose", "Gemm", "MatMul", "Softmax", "BatchNormalization", "Resize",
     "Upsample", "Pad", "Slice", "Split", "Squeeze", "Unsqueeze", "Sum", "Max", "Min", "LRN", "ReduceMean",
     "Erf", "Gelu", "Constant", "ConstantOfShape", "Identity", "Dropout", "Shape", "Gather", "Cast", "Expand",
-    "Range",
+    "Range", "Sqrt", "Exp", "Log", "Reciprocal", "Neg", "Abs", "LSTM", "GRU",
 }  # fmt: skip
 
 # name pattern → why npuc does not run it. Each pattern must match at least one case (checked below).

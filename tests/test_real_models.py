@@ -13,7 +13,10 @@ from npuc.models.fetch import get_model, light_zoo_models
 from npuc.models.images import model_inputs
 from npuc.passes.canonicalize import canonicalize
 
-REAL = ["pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny"]
+REAL = [
+    "pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny", "yolov8n_320",
+    "ppocrv4_rec", "ddddocr_crnn",
+]  # fmt: skip
 
 
 def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:

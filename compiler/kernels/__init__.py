@@ -1,6 +1,6 @@
 """Reference numpy kernels, one per IR op kind, looked up by kind in a registry."""
 
-from . import activation, conv, elementwise, linalg, pool, resize, tensor  # noqa: F401  (fill the registry)
+from . import activation, conv, elementwise, linalg, pool, recurrent, resize, tensor  # noqa: F401  (fill the registry)
 from .activation import apply_activation
 from .registry import FLOAT_KERNELS, KernelFn, float_kernel
 

@@ -43,7 +43,7 @@ def erf(x: np.ndarray) -> np.ndarray:
     return out.astype(dtype)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
     e = np.exp(-np.abs(x))  # never overflows
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
@@ -77,14 +77,26 @@ _ACTIVATIONS: dict[str, Callable[[np.ndarray, Activation], np.ndarray]] = {
     "relu": lambda x, a: np.maximum(x, x.dtype.type(0)),
     "leaky_relu": lambda x, a: np.where(x >= 0, x, x * x.dtype.type(a.alpha)),
     "clip": lambda x, a: _clip(x, float(a.lo), float(a.hi)),
-    "sigmoid": lambda x, a: _sigmoid(x),
+    "sigmoid": lambda x, a: sigmoid(x),
     "tanh": lambda x, a: np.tanh(x),
     "hard_sigmoid": lambda x, a: _hard_sigmoid(x, a.alpha, a.beta),
     "hard_swish": lambda x, a: x * _hard_sigmoid(x, 1 / 6, 0.5),
     "gelu": lambda x, a: _gelu(x, a.approximate),
     "erf": lambda x, a: erf(x),
     "elu": lambda x, a: _elu(x, a.alpha),
+    # IEEE results outside the domain (sqrt/log of a negative: NaN, 1/0: inf), as onnxruntime gives them
+    "sqrt": lambda x, a: _ieee(np.sqrt, x),
+    "exp": lambda x, a: _ieee(np.exp, x),
+    "log": lambda x, a: _ieee(np.log, x),
+    "reciprocal": lambda x, a: _ieee(np.reciprocal, x),
+    "neg": lambda x, a: np.negative(x),
+    "abs": lambda x, a: np.abs(x),
 }
+
+
+def _ieee(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return fn(x)
 
 
 def apply_activation(x: np.ndarray, act: Activation | None) -> np.ndarray:

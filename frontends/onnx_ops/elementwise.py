@@ -23,6 +23,12 @@ for _op_type, _kind in (
     ("Tanh", "tanh"),
     ("HardSwish", "hard_swish"),
     ("Erf", "erf"),
+    ("Sqrt", "sqrt"),
+    ("Exp", "exp"),
+    ("Log", "log"),
+    ("Reciprocal", "reciprocal"),
+    ("Neg", "neg"),
+    ("Abs", "abs"),
 ):
     _simple(_op_type, _kind)
 

@@ -220,3 +220,62 @@ def softmax_legacy(ctx: ConvertContext) -> None:
 @converter("Softmax", 13)
 def softmax(ctx: ConvertContext) -> None:
     ctx.emit("softmax", [ctx.input(0)], ops.Softmax(axis=ctx.axis(int(ctx.attr("axis", -1)))))
+
+
+# ---- recurrent layers --------------------------------------------------------------------------------------
+
+DEFAULT_ACTIVATIONS = {"lstm": ["Sigmoid", "Tanh", "Tanh"], "gru": ["Sigmoid", "Tanh"]}
+
+
+def _recurrent(ctx: ConvertContext, cell: str) -> None:
+    """LSTM / GRU: optional inputs become constants (zero bias and states), every output gets a tensor."""
+    direction = ctx.attr("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ctx.unsupported(f"direction {direction!r} is not forward, reverse or bidirectional")
+    acts = [a.decode() if isinstance(a, bytes) else a for a in (ctx.attr("activations") or [])]
+    dirs = 2 if direction == "bidirectional" else 1
+    if acts and acts != DEFAULT_ACTIVATIONS[cell] * dirs:
+        raise ctx.unsupported(f"activations {acts} are not the default {DEFAULT_ACTIVATIONS[cell]}")
+    batch_first = int(ctx.attr("layout", 0)) == 1
+    if cell == "lstm" and int(ctx.attr("input_forget", 0)):
+        raise ctx.unsupported("coupled input-forget gates are not supported")
+    x = _transposed(ctx, ctx.input(0), (1, 0, 2), "x") if batch_first else ctx.input(0)
+    seq, batch, _ = ctx.graph.shape(x)
+    lens = ctx.const(4)
+    if lens is not None and np.any(np.asarray(lens) != seq):
+        raise ctx.unsupported(f"sequence_lens {np.asarray(lens).tolist()} differ from the sequence length {seq}")
+    hidden = int(ctx.attr("hidden_size", ctx.shape(2)[-1]))
+    gates = 4 if cell == "lstm" else 3
+    clip = ctx.attr("clip")
+
+    def given_or_zeros(i: int, shape: tuple[int, ...], suffix: str, state: bool = False) -> str:
+        if ctx.input(i):  # a batch-first state is [batch, directions, hidden]
+            return _transposed(ctx, ctx.input(i), (1, 0, 2), suffix) if state and batch_first else ctx.input(i)
+        name = ctx.temp(suffix)
+        ctx.graph.add_const(name, np.zeros(shape, np.float32))
+        return name
+
+    inputs = [x, ctx.input(1), ctx.input(2), given_or_zeros(3, (dirs, 2 * gates * hidden), "bias"),
+              given_or_zeros(5, (dirs, batch, hidden), "h0", True)]  # fmt: skip
+    if cell == "lstm":
+        inputs += [given_or_zeros(6, (dirs, batch, hidden), "c0", True), given_or_zeros(7, (dirs, 3 * hidden), "p")]
+    wanted = 3 if cell == "lstm" else 2
+    names = [ctx.node.output[i] if i < len(ctx.node.output) and ctx.node.output[i] else ctx.temp(f"out{i}")
+             for i in range(wanted)]  # fmt: skip
+    outputs = [ctx.temp(f"seq_first{i}") for i in range(wanted)] if batch_first else names
+    attrs = ops.Recurrent(cell, hidden, direction, None if clip is None else float(clip),
+                          bool(ctx.attr("linear_before_reset", 0)))  # fmt: skip
+    ctx.emit("recurrent", inputs, attrs, outputs)
+    if batch_first:  # Y [seq, dirs, batch, hidden] -> [batch, seq, dirs, hidden]; states -> [batch, dirs, hidden]
+        for i, (made, name) in enumerate(zip(outputs, names)):
+            ctx.emit("transpose", [made], ops.Transpose((2, 0, 1, 3) if i == 0 else (1, 0, 2)), [name])
+
+
+def _transposed(ctx: ConvertContext, name: str, perm: tuple[int, ...], suffix: str) -> str:
+    out = ctx.temp(suffix)
+    ctx.emit("transpose", [name], ops.Transpose(perm), [out])
+    return out
+
+
+converter("LSTM", 7, const_inputs=(4,))(lambda ctx: _recurrent(ctx, "lstm"))
+converter("GRU", 7, const_inputs=(4,))(lambda ctx: _recurrent(ctx, "gru"))
