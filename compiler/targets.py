@@ -52,6 +52,9 @@ class Target:
     artifact: str
     status: str  # one honest sentence: what works today
     build: Callable[[BuildRequest], BuildResult] | None = None  # None: the target cannot build yet
+    quants: tuple[str, ...] = ()  # the --quant values it takes (the first is its default)
+    options: tuple[str, ...] = ()  # the option keys it reads (set by flags or --option KEY=VALUE)
+    uses_calib: bool = False  # whether it reads a calibration table (--calib)
 
 
 _TARGETS: dict[str, Target] = {}
@@ -81,3 +84,37 @@ def get_target(name: str) -> Target:
     if name not in _TARGETS:
         raise UserError(f"unknown target '{name}'; choose one of: {', '.join(sorted(_TARGETS))} (see `npuc targets`)")
     return _TARGETS[name]
+
+
+# option key -> the flag that sets it (keys without one come from --option KEY=VALUE)
+FLAG_OF_OPTION = {
+    "name": "--name", "mean": "--mean", "scale": "--scale", "color": "--color", "convert": "--convert",
+    "input_dtype": "--input-dtype", "delegate": "--delegate", "float_layers": "--float-layers",
+    "quant_input": "--quant-input", "quant_output": "--quant-output", "layer_group": "--no-layer-group",
+    "opt": "--opt", "weights": "--weights", "input_shapes_list": "--input-shape (given more than once)",
+}  # fmt: skip
+
+
+def check_request(target: Target, options: dict[str, Any], chip: str | None, quant: str | None,
+                  calib: Any) -> None:  # fmt: skip
+    """Refuse what `target` would ignore: an option or flag it does not read, a chip or number format it does not
+    have, a calibration table it does not use. One line naming the flag and the targets that take it."""
+    for key in options:
+        if key in target.options:
+            continue
+        flag = FLAG_OF_OPTION.get(key, f"--option {key}")
+        users = [t.name for t in all_targets() if key in t.options]
+        where = f" (it is for {', '.join(users)})" if users else ""
+        known = ", ".join(k for k in target.options if k not in FLAG_OF_OPTION) or "none"
+        raise UserError(f"{flag} is not used by target '{target.name}'{where}; remove it (its --option keys: {known})")
+    if chip is not None and chip not in target.chips:
+        raise UserError(f"--chip {chip} is not a chip of target '{target.name}'; use one of {', '.join(target.chips)}")
+    if quant is not None and quant not in target.quants:
+        users = [t.name for t in all_targets() if quant in t.quants]
+        where = f" (it is for {', '.join(users)})" if users else ""
+        raise UserError(f"--quant {quant} is not a number format of target '{target.name}'{where}; "
+                        f"use one of {', '.join(target.quants)}")  # fmt: skip
+    if calib is not None and not target.uses_calib:
+        users = [t.name for t in all_targets() if t.uses_calib]
+        raise UserError(f"--calib is not used by target '{target.name}' (it computes in floating point); "
+                        f"remove it (calibration tables are for {', '.join(users)})")  # fmt: skip

@@ -13,6 +13,9 @@ register_target(
     Target(
         name="bm1880",
         chips=("bm1880",),
+        quants=("int8",),
+        options=("name", "opt", "weights", "input_shapes_list"),
+        uses_calib=True,
         number_formats=("int8 (per-layer power-of-two shift, BMNet rules)",),
         artifact=".bmodel (protobuf + BMKernel cmdbuf)",
         status=(

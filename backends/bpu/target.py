@@ -9,6 +9,20 @@ register_target(
     Target(
         name="bpu",
         chips=("x3-bernoulli2",),
+        quants=("int8",),
+        options=(
+            "name",
+            "float_layers",
+            "quant_output",
+            "quanti_type",
+            "march",
+            "qdq_form",
+            "calib_data",
+            "calib_method",
+            "calib_percentile",
+            "hb_inputs",
+        ),  # fmt: skip
+        uses_calib=True,
         number_formats=("int8 with SHIFT or SCALE boundaries",),
         artifact="hbDNN tensor-property contract (JSON + C header) and a QDQ ONNX; the .bin needs Horizon's tools",
         status=(

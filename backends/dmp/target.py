@@ -54,6 +54,8 @@ register_target(
     Target(
         name="dmp",
         chips=("dv700",),
+        quants=("fp16", "8bit"),
+        options=("name", "mean", "scale", "color", "convert", "input_convert", "ub_size", "svn_version"),
         number_formats=("fp16", "8bit"),
         artifact="folder: <NET>_gen.h/.cpp (C<NET> : CDMP_Network), <NET>_weights.bin, <NET>_layers.json",
         status="builds conv/depthwise/dilated/deconv/pool/add/FC/softmax/concat networks (branches into a concat "

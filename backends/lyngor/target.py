@@ -8,6 +8,16 @@ register_target(
     Target(
         name="lyngor",
         chips=("ka200",),
+        quants=("fp16", "float16"),
+        options=(
+            "input_dtype",
+            "output_dtype",
+            "input_layout",
+            "input_shapes_list",
+            "parallel_mode",
+            "run_batch",
+            "delegate",
+        ),  # fmt: skip
         number_formats=("fp16",),
         artifact="output folder: net_params.json, Net_0/top_graph.json, Net_0/apu_0/apu_x/apu.json + npuc payload",
         status=(

@@ -10,7 +10,7 @@ import typer
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.interp import external_shape
-from npuc.compiler.targets import BuildRequest, get_target
+from npuc.compiler.targets import BuildRequest, check_request, get_target
 from npuc.frontends.hbcalib import calibrate_config
 from npuc.frontends.hbconfig import HbConfig, load_config
 from npuc.frontends.onnx import import_onnx, parse_input_shapes
@@ -72,6 +72,17 @@ def _apply_config(
         write_table(calibrate_config(hb, model), calib)
         notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
     return output or hb.working_dir / f"{hb.output_prefix}_{target}", calib
+
+
+def _check_float_layers(graph: Any, names: list[str]) -> None:
+    """Every --float-layers name must be an op or tensor of the (canonicalized) graph."""
+    known = {op.name for op in graph.ops} | set(graph.tensors)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+        raise UserError(
+            f"--float-layers {shown} match no op or tensor of the model; use names `npuc inspect MODEL` lists"
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -145,19 +156,24 @@ def register(app: typer.Typer) -> None:
             options["input_shapes_list"] = shape_sets
         if calib is not None and not calib.is_file():
             raise UserError(f"calibration table not found: {calib}; check the path")
-
-        notes: list[str] = []
         if opt is not None:
             options["opt"] = opt
+        # what the chosen target would ignore is an error, before any work (the config fills its own later)
+        check_request(chosen, options, chip, quant, calib if hb is None or calib is not None else None)
+
+        notes: list[str] = []
         if model.suffix.lower() == ".prototxt":
             from npuc.frontends.caffe import import_caffe
 
-            if weights is not None:
+            if weights is not None:  # the frontend's input; bm1880 also records where the weights came from
                 options["weights"] = str(weights)
             graph = import_caffe(model, weights, shape_sets[0] if shape_sets else None, notes)
         else:
+            if weights is not None:
+                raise UserError("--weights is for a Caffe .prototxt MODEL; an ONNX model carries its own weights")
             graph = import_onnx(model, shape_sets[0] if shape_sets else None, notes)
         canonicalize(graph)
+        _check_float_layers(graph, options.get("float_layers", ()))
         if hb is not None:
             hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
             output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)

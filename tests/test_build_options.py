@@ -1,0 +1,55 @@
+"""What a target would ignore is refused: flags and --option keys it does not read, chips and number formats
+it does not have, a table it does not use, --float-layers names that match nothing (one line, exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from npuc.compiler.targets import all_targets
+from npuc.models.make_models import make_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("options") / "tinycnn.onnx"
+    path.write_bytes(make_model("tinycnn").SerializeToString())
+    (path.parent / "t.txt").write_text("# a table that is never read\n")
+    return path
+
+
+CASES = [
+    (["--target", "cv18xx", "--quant", "bf16", "--mean", "127"], "--mean is not used by target 'cv18xx' (it is"),
+    (["--target", "cv18xx", "--quant", "bf16", "--color", "bgr"], "--color is not used by target 'cv18xx'"),
+    (["--target", "cv18xx", "--quant", "bf16", "--input-dtype", "uint8"], "--input-dtype is not used by target"),
+    (["--target", "cv18xx", "--quant", "bf16", "--convert", "div_255"], "--convert is not used by target 'cv18xx'"),
+    (["--target", "cv18xx", "--quant", "bf16", "--option", "nosuch=1"], "--option nosuch is not used by target"),
+    (["--target", "cv18xx", "--quant", "bf16", "--float-layers", "nosuch"], "'nosuch' match no op or tensor"),
+    (["--target", "cv18xx", "--quant", "fp16"], "--quant fp16 is not a number format of target 'cv18xx' (it is for"),
+    (["--target", "dmp", "--chip", "dv800"], "--chip dv800 is not a chip of target 'dmp'; use one of dv700"),
+    (["--target", "dmp", "--quant", "bf16"], "--quant bf16 is not a number format of target 'dmp' (it is for cv18xx)"),
+    (["--target", "lyngor", "--calib", "{dir}/t.txt"], "--calib is not used by target 'lyngor'"),
+    (["--target", "lyngor", "--quant-output"], "--quant-output is not used by target 'lyngor' (it is for bpu, cv18xx)"),
+    (["--target", "dmp", "--weights", "{dir}/t.txt"], "--weights is for a Caffe .prototxt MODEL"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, message", CASES, ids=[" ".join(a[1:3]) + " " + a[-2] for a, _ in CASES])
+def test_ignored_inputs_are_errors(model: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    args = [a.format(dir=model.parent) for a in args]
+    run = subprocess.run(
+        [sys.executable, "-m", "npuc", "build", str(model), *args, "-o", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and message in run.stderr, run.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_every_target_declares_what_it_reads() -> None:
+    for target in all_targets():
+        assert target.quants and target.options and set(target.chips), target.name
+    by_name = {t.name: t for t in all_targets()}
+    assert {n for n, t in by_name.items() if t.uses_calib} == {"bm1880", "bpu", "cv18xx"}
