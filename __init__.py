@@ -1,3 +1,20 @@
-"""npuc: a multi-target NPU model compiler (ONNX in, vendor NPU artifact out)."""
+"""npuc: a multi-target NPU model compiler (ONNX in, vendor NPU artifact out).
+
+The Python API (api.py) is available from the package: `npuc.build`, `npuc.inspect`, `npuc.run`; bad input
+raises `npuc.UserError`. It is imported on first use, so `import npuc` stays cheap.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["UserError", "__version__", "build", "inspect", "run"]
+
+
+def __getattr__(name: str):
+    if name in ("build", "inspect", "run"):
+        from npuc import api
+
+        return getattr(api, name)
+    if name == "UserError":
+        from npuc.compiler.errors import UserError
+
+        return UserError
+    raise AttributeError(f"module 'npuc' has no attribute {name!r}")

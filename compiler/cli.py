@@ -17,9 +17,27 @@ app = typer.Typer(
     name="npuc",
     help="Compile ONNX models into vendor NPU artifacts, and inspect, run and compare them.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # `npuc --install-completion` / `--show-completion` for bash, zsh, fish
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from npuc import __version__
+
+        typer.echo(f"npuc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print npuc's version and exit."
+    ),
+) -> None:
+    """Compile ONNX models into vendor NPU artifacts, and inspect, run and compare them."""
+
 
 # Each module registers its commands on `app` when imported.
 COMMAND_MODULES = ("targets", "inspect", "run", "build", "calibrate", "compare", "export")

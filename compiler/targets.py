@@ -42,6 +42,7 @@ class BuildResult:
     artifacts: list[Path]
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # for the user: printed as `note:` lines
+    target: str = ""  # the target that built it
 
 
 @dataclass(frozen=True)

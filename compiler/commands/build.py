@@ -8,15 +8,6 @@ from typing import Any
 
 import typer
 from npuc.compiler.errors import UserError
-from npuc.compiler.fileio import atomic_write_bytes
-from npuc.compiler.interp import external_shape
-from npuc.compiler.targets import BuildRequest, check_request, get_target
-from npuc.frontends.hbcalib import calibrate_config
-from npuc.frontends.hbconfig import HbConfig, load_config
-from npuc.frontends.onnx import import_onnx, parse_input_shapes
-from npuc.passes.calitable import write_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.refinement import apply_refinement, load_refinement, side_file
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -35,54 +26,6 @@ def _parse_numbers(text: str, flag: str) -> list[float]:
         return [float(part) for part in text.split(",")]
     except ValueError:
         raise UserError(f"bad {flag} '{text}': give a number or comma-separated numbers, e.g. {flag} 127.5") from None
-
-
-def _shape_sets(specs: list[str]) -> list[dict[str, tuple[int, ...]]]:
-    """Repeated --input-shape values for the same input start a new set (one per resolution)."""
-    sets: list[dict[str, tuple[int, ...]]] = []
-    for spec in specs:
-        ((name, shape),) = parse_input_shapes([spec]).items()
-        if not sets or name in sets[-1]:
-            sets.append({})
-        sets[-1][name] = shape
-    return sets
-
-
-CONFIG_DEFAULT_TARGET = "bpu"  # an hb_mapper config describes a Horizon build unless --target says otherwise
-
-
-def _apply_config(
-    hb: HbConfig,
-    model: Path,
-    target: str,
-    options: dict[str, Any],
-    notes: list[str],
-    output: Path | None,
-    calib: Path | None,
-) -> tuple[Path, Path | None]:
-    """Fill what the command line left open from the config: name, output, inputs, calibration table."""
-    options.setdefault("name", hb.output_prefix)
-    options.setdefault("march", hb.march)
-    options["hb_inputs"] = hb.inputs
-    notes.extend(f"{hb.source.name}: {line}" for line in hb.ignored)
-    if output is None or (calib is None and hb.cal_data_dir is not None):
-        hb.working_dir.mkdir(parents=True, exist_ok=True)
-    if calib is None and hb.cal_data_dir is not None:
-        calib = hb.working_dir / f"{hb.output_prefix}_cali_table.txt"
-        write_table(calibrate_config(hb, model), calib)
-        notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
-    return output or hb.working_dir / f"{hb.output_prefix}_{target}", calib
-
-
-def _check_float_layers(graph: Any, names: list[str]) -> None:
-    """Every --float-layers name must be an op or tensor of the (canonicalized) graph."""
-    known = {op.name for op in graph.ops} | set(graph.tensors)
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        shown = ", ".join(repr(n) for n in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
-        raise UserError(
-            f"--float-layers {shown} match no op or tensor of the model; use names `npuc inspect MODEL` lists"
-        )
 
 
 def register(app: typer.Typer) -> None:
@@ -120,18 +63,6 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Compile MODEL for a target and write the artifact atomically."""
-        hb = load_config(config) if config is not None else None
-        if hb is not None:
-            model = model or hb.model
-            target = target or CONFIG_DEFAULT_TARGET
-            if not input_shape:
-                input_shape = [f"{n}:{','.join(map(str, s))}" for n, s in hb.input_shapes().items()]
-        if model is None or target is None:
-            raise UserError("give MODEL and --target T, or --config YAML (which names the model)")
-        chosen = get_target(target)
-        if chosen.build is None:
-            raise UserError(f"target '{target}' cannot build yet ({chosen.status}); see `npuc targets`")
-        shape_sets = _shape_sets(input_shape)
         options: dict[str, Any] = dict(_parse_option(o) for o in option)
         if name is not None:
             options["name"] = name
@@ -152,46 +83,18 @@ def register(app: typer.Typer) -> None:
                 options[flag] = True
         if no_layer_group:
             options["layer_group"] = False
-        if len(shape_sets) > 1:
-            options["input_shapes_list"] = shape_sets
-        if calib is not None and not calib.is_file():
-            raise UserError(f"calibration table not found: {calib}; check the path")
         if opt is not None:
             options["opt"] = opt
-        # what the chosen target would ignore is an error, before any work (the config fills its own later)
-        check_request(chosen, options, chip, quant, calib if hb is None or calib is not None else None)
+        from npuc import api
 
-        notes: list[str] = []
-        if model.suffix.lower() == ".prototxt":
-            from npuc.frontends.caffe import import_caffe
-
-            if weights is not None:  # the frontend's input; bm1880 also records where the weights came from
-                options["weights"] = str(weights)
-            graph = import_caffe(model, weights, shape_sets[0] if shape_sets else None, notes)
-        else:
-            if weights is not None:
-                raise UserError("--weights is for a Caffe .prototxt MODEL; an ONNX model carries its own weights")
-            graph = import_onnx(model, shape_sets[0] if shape_sets else None, notes)
-        canonicalize(graph)
-        _check_float_layers(graph, options.get("float_layers", ()))
-        if hb is not None:
-            hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
-            output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
-        if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: refitted weights
-            graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
-            notes.append(f"refined constants from {side_file(calib)}")
-        out = output or Path(f"{model.stem}_{chosen.name}")
-        request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
-        result = chosen.build(request)
-
-        if depfile is not None:
-            deps = " ".join(str(p) for p in [model, calib, config] if p is not None)
-            atomic_write_bytes(depfile, f"{' '.join(str(a) for a in result.artifacts)}: {deps}\n".encode())
+        result = api.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
+                           input_shapes=input_shape, options=options, config=config, depfile=depfile)  # fmt: skip
+        chosen = result.target
         if as_json:
-            summary = {"target": chosen.name, "artifacts": [str(a) for a in result.artifacts], **result.summary}
+            summary = {"target": chosen, "artifacts": [str(a) for a in result.artifacts], **result.summary}
             typer.echo(json.dumps(summary, indent=2, default=str))
             return
-        for note in [*notes, *result.notes]:
+        for note in result.notes:
             typer.echo(f"note: {note}")
         for artifact in result.artifacts:
             typer.echo(f"wrote {artifact}")

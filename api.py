@@ -1,0 +1,187 @@
+"""npuc's Python API: what the CLI commands do, for scripts (`import npuc; npuc.build(...)`).
+
+Every function raises `npuc.UserError` (bad input, one line) instead of exiting, and writes exactly what the
+command writes: `npuc build m.onnx --target T ...` and `npuc.build("m.onnx", "T", ...)` give the same bytes.
+The CLI (compiler/commands/) parses flags into these arguments and prints the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from npuc.compiler.errors import UserError
+from npuc.compiler.targets import BuildResult
+
+CONFIG_DEFAULT_TARGET = "bpu"  # an hb_mapper config describes a Horizon build unless the target says otherwise
+InputShapes = Sequence[str] | Mapping[str, Sequence[int]] | None
+
+
+def build(
+    model: str | Path | None,
+    target: str | None = None,
+    output: str | Path | None = None,
+    *,
+    chip: str | None = None,
+    quant: str | None = None,
+    calib: str | Path | None = None,
+    weights: str | Path | None = None,
+    input_shapes: InputShapes = None,
+    options: Mapping[str, Any] | None = None,
+    config: str | Path | None = None,
+    depfile: str | Path | None = None,
+) -> BuildResult:
+    """Compile `model` for `target` (see `npuc targets`) and write the artifact atomically.
+
+    `input_shapes`: "NAME:D0,D1,..." strings (an input named again starts another resolution) or {name: dims};
+    `options`: the target's option keys (`name`, `float_layers`, ...; `npuc targets` lists them); `config`: an
+    hb_mapper YAML (model, inputs, calibration data); `depfile`: also write a Makefile dependency line.
+    The result's `notes` are what the CLI prints as `note:` lines."""
+    from npuc.compiler.interp import external_shape
+    from npuc.compiler.targets import BuildRequest, check_request, get_target
+    from npuc.frontends.hbconfig import load_config
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.refinement import apply_refinement, load_refinement, side_file
+
+    options = dict(options or {})
+    shapes = _shape_specs(input_shapes)
+    hb = load_config(Path(config)) if config is not None else None
+    if hb is not None:
+        model = model or hb.model
+        target = target or CONFIG_DEFAULT_TARGET
+        shapes = shapes or [f"{n}:{','.join(map(str, s))}" for n, s in hb.input_shapes().items()]
+    if model is None or target is None:
+        raise UserError("give MODEL and --target T, or --config YAML (which names the model)")
+    model, calib = Path(model), Path(calib) if calib is not None else None
+    chosen = get_target(target)
+    if chosen.build is None:
+        raise UserError(f"target '{target}' cannot build yet ({chosen.status}); see `npuc targets`")
+    shape_sets = _shape_sets(shapes)
+    if len(shape_sets) > 1:
+        options["input_shapes_list"] = shape_sets
+    if calib is not None and not calib.is_file():
+        raise UserError(f"calibration table not found: {calib}; check the path")
+    check_request(chosen, options, chip, quant, calib)  # before any work; a config fills its own keys later
+
+    notes: list[str] = []
+    graph = _import(model, weights, shape_sets[0] if shape_sets else None, options, notes)
+    canonicalize(graph)
+    _check_float_layers(graph, options.get("float_layers", ()))
+    if hb is not None:
+        hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
+        output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
+    if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: refitted weights
+        graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
+        notes.append(f"refined constants from {side_file(calib)}")
+    out = Path(output) if output is not None else Path(f"{model.stem}_{chosen.name}")
+    request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
+    result = chosen.build(request)
+    result.notes[:0] = notes
+    if depfile is not None:
+        from npuc.compiler.fileio import atomic_write_bytes
+
+        deps = " ".join(str(p) for p in [model, calib, config] if p is not None)
+        atomic_write_bytes(Path(depfile), f"{' '.join(str(a) for a in result.artifacts)}: {deps}\n".encode())
+    result.target = chosen.name
+    return result
+
+
+def inspect(path: str | Path, disasm: bool = False, input_shapes: InputShapes = None) -> str:
+    """The description `npuc inspect` prints of a model or artifact."""
+    from npuc.compiler.artifacts import ArtifactOptions, detect
+
+    shapes = _as_shape_dict(input_shapes)
+    return detect(Path(path)).describe(Path(path), ArtifactOptions(disasm=disasm, input_shapes=shapes))
+
+
+def run(path: str | Path, feeds: Mapping[str, np.ndarray], input_shapes: InputShapes = None) -> dict[str, np.ndarray]:
+    """Run an ONNX model on the float reference, or an artifact on npuc's simulator from its bytes."""
+    from npuc.compiler.artifacts import ArtifactOptions, detect
+
+    kind = detect(Path(path))
+    if kind.run is None:
+        raise UserError(f"{path}: npuc cannot run {kind.name} artifacts yet; `npuc inspect` reads them")
+    return kind.run(Path(path), dict(feeds), ArtifactOptions(input_shapes=_as_shape_dict(input_shapes)))
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+
+
+def _shape_specs(shapes: InputShapes) -> list[str]:
+    if shapes is None:
+        return []
+    if isinstance(shapes, Mapping):
+        return [f"{name}:{','.join(str(int(d)) for d in dims)}" for name, dims in shapes.items()]
+    return list(shapes)
+
+
+def _as_shape_dict(shapes: InputShapes) -> dict[str, tuple[int, ...]]:
+    from npuc.frontends.onnx import parse_input_shapes
+
+    return parse_input_shapes(_shape_specs(shapes))
+
+
+def _shape_sets(specs: list[str]) -> list[dict[str, tuple[int, ...]]]:
+    """Repeated shapes for the same input start a new set (one per resolution)."""
+    from npuc.frontends.onnx import parse_input_shapes
+
+    sets: list[dict[str, tuple[int, ...]]] = []
+    for spec in specs:
+        ((name, shape),) = parse_input_shapes([spec]).items()
+        if not sets or name in sets[-1]:
+            sets.append({})
+        sets[-1][name] = shape
+    return sets
+
+
+def _import(model: Path, weights: str | Path | None, shapes: dict | None, options: dict, notes: list[str]) -> Any:
+    if model.suffix.lower() == ".prototxt":
+        from npuc.frontends.caffe import import_caffe
+
+        if weights is not None:  # the frontend's input; bm1880 also records where the weights came from
+            options["weights"] = str(weights)
+        return import_caffe(model, Path(weights) if weights is not None else None, shapes, notes)
+    if weights is not None:
+        raise UserError("--weights is for a Caffe .prototxt MODEL; an ONNX model carries its own weights")
+    from npuc.frontends.onnx import import_onnx
+
+    return import_onnx(model, shapes, notes)
+
+
+def _check_float_layers(graph: Any, names: Sequence[str]) -> None:
+    """Every --float-layers name must be an op or tensor of the (canonicalized) graph."""
+    known = {op.name for op in graph.ops} | set(graph.tensors)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+        raise UserError(
+            f"--float-layers {shown} match no op or tensor of the model; use names `npuc inspect MODEL` lists"
+        )
+
+
+def _apply_config(
+    hb: Any,
+    model: Path,
+    target: str,
+    options: dict[str, Any],
+    notes: list[str],
+    output: str | Path | None,
+    calib: Path | None,
+) -> tuple[Path, Path | None]:
+    """Fill what the request left open from the config: name, output, inputs, calibration table."""
+    from npuc.frontends.hbcalib import calibrate_config
+    from npuc.passes.calitable import write_table
+
+    options.setdefault("name", hb.output_prefix)
+    options.setdefault("march", hb.march)
+    options["hb_inputs"] = hb.inputs
+    notes.extend(f"{hb.source.name}: {line}" for line in hb.ignored)
+    if output is None or (calib is None and hb.cal_data_dir is not None):
+        hb.working_dir.mkdir(parents=True, exist_ok=True)
+    if calib is None and hb.cal_data_dir is not None:
+        calib = hb.working_dir / f"{hb.output_prefix}_cali_table.txt"
+        write_table(calibrate_config(hb, model), calib)
+        notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
+    return Path(output) if output is not None else hb.working_dir / f"{hb.output_prefix}_{target}", calib
