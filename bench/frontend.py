@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 
-MODELS = ["pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny"]
+MODELS = ["pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny", "yolov8n_320",
+          "ppocrv4_rec", "ddddocr_crnn"]  # fmt: skip
+CHAIN_LENGTHS = (1000, 2000, 5000)  # Conv+Relu chains: time must grow linearly with depth
 
 _CHILD = """
 import json, resource, sys, time
@@ -44,5 +46,40 @@ def main(names: list[str]) -> None:
         )
 
 
+def deep_chains() -> None:
+    """CPU seconds of `npuc inspect` on Conv+Relu chains of growing depth (generated, 4 channels 8x8)."""
+    import resource
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    print(f"{'chain layers':>12} {'inspect CPU s':>14} {'per 1000 layers':>16}")
+    with tempfile.TemporaryDirectory(prefix="npuc-bench-chain-") as tmp:
+        for n in CHAIN_LENGTHS:
+            nodes, inits, x = [], [], "x"
+            for i in range(n):
+                inits.append(numpy_helper.from_array(np.full((4, 4, 1, 1), 0.1, np.float32), f"w{i}"))
+                nodes += [
+                    helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"]),
+                    helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+                ]
+                x = f"r{i}"
+            inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])]
+            outputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)]
+            graph = helper.make_graph(nodes, "chain", inputs, outputs, inits)
+            path = Path(tmp) / f"chain{n}.onnx"
+            onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-m", "npuc", "inspect", str(path)], capture_output=True, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            print(f"{n:>12} {cpu:>14.2f} {cpu / n * 1000:>16.2f}")
+
+
 if __name__ == "__main__":
     main(sys.argv[1:] or MODELS)
+    if not sys.argv[1:]:
+        deep_chains()

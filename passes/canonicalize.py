@@ -251,13 +251,13 @@ def _fusable_activation(act: ops.Activation) -> bool:
 def fuse_activation(graph: Graph) -> int:
     """Relu, Relu6 (clip 0..6) and LeakyRelu fold into the op that produces their input."""
     fired = 0
-    producers = graph.producers()
+    producers, users = graph.producers(), graph.consumers()  # one index for the pass: fusing renames nothing read
     for op in graph.iter_ops("activation"):
         act = op.attrs.act
         prev = producers.get(op.inputs[0])
         if not _fusable_activation(act) or prev is None or prev.kind not in _FUSABLE_PRODUCERS:
             continue
-        if prev.attrs.act is not None or sole_user(graph, prev.outputs[0]) is not op:
+        if prev.attrs.act is not None or prev.outputs[0] in graph.outputs or users.get(prev.outputs[0]) != [op]:
             continue
         if prev.kind == "eltwise" and prev.attrs.kind not in ("add", "sub", "mul", "max", "min"):
             continue
