@@ -169,6 +169,38 @@ def _check_acyclic(graph: onnx.GraphProto) -> None:
         )
 
 
+MAX_CONSTANT_ELEMENTS = 1 << 28  # 1 GiB of float32: far above any weight; constant folding must not allocate more
+
+# ops whose output size a constant shape input (position) decides before anything is computed
+_SHAPE_MAKERS = {"ConstantOfShape": 0, "Expand": 1}
+
+
+def _check_constant_budget(graph: onnx.GraphProto) -> None:
+    """Refuse tensors that constant folding would have to allocate beyond MAX_CONSTANT_ELEMENTS, before any
+    folding: a 150-byte model can ask for a ConstantOfShape of 1e11 elements."""
+    constants = {init.name: init for init in graph.initializer}
+    constants.update(
+        {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    )
+    for node in graph.node:
+        position = _SHAPE_MAKERS.get(node.op_type)
+        if position is None or len(node.input) <= position or node.input[position] not in constants:
+            continue
+        shape = constants[node.input[position]]
+        if shape.data_type != onnx.TensorProto.INT64 or len(shape.dims) != 1 or shape.dims[0] > 16:
+            continue  # not a plausible shape vector: the converters report it
+        dims = [int(d) for d in numpy_helper.to_array(shape).reshape(-1)]
+        count = 1
+        for d in dims:
+            count *= max(d, 1)
+        if count > MAX_CONSTANT_ELEMENTS:
+            raise UserError(
+                f"node '{node.name or node.output[0]}' ({node.op_type}) makes a tensor of shape {dims} "
+                f"({count:.3g} elements), more than the {MAX_CONSTANT_ELEMENTS} npuc allocates; the model is "
+                "damaged or not an inference model"
+            )
+
+
 def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
     """Fold constants, drop Identity/Dropout, remove dead nodes and sort topologically.
 
@@ -270,6 +302,7 @@ def import_model(
     if notes is not None:
         notes.extend(applied)
     _check_acyclic(model_copy.graph)
+    _check_constant_budget(model_copy.graph)
     try:
         model_copy = onnx.shape_inference.infer_shapes(model_copy, data_prop=True)
     except Exception as exc:  # onnx raises several types for inconsistent models
