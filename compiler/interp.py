@@ -26,12 +26,14 @@ def external_shape(graph: Graph, name: str) -> tuple[int, ...]:
 
 
 def to_graph_layout(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Transpose feeds given in each input's declared layout into the graph's internal layout."""
+    """Transpose feeds given in each input's declared layout into the graph's internal layout (any batch: the
+    calibration passes stack samples along axis 0)."""
     out = {}
     for name, value in feeds.items():
         perm = _FROM_LAYOUT[graph.input_layouts.get(name, "nchw")]
         value = np.asarray(value)
-        if perm is not None and name in graph.tensors and value.shape == external_shape(graph, name):
+        fed = external_shape(graph, name) if perm is not None and name in graph.tensors else None
+        if fed is not None and value.ndim == len(fed) and value.shape[1:] == fed[1:]:
             value = np.ascontiguousarray(value.transpose(perm))
         out[name] = value
     return out

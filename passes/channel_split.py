@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
+from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op
 from npuc.passes.histogram import DEFAULT_BINS, MIN_THRESHOLD, CalibrationStats, compute_threshold
 from npuc.passes.qsim import Simulator, stack_feeds
@@ -306,7 +307,7 @@ def group_thresholds(split: ChannelSplit, thresholds: Mapping[str, float], peaks
 
 def channel_peaks(graph: Graph, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Per-channel max |x| (axis 1) of every 4-D float activation over `feeds`, from one batched float run."""
-    batch = stack_feeds(feeds)
+    batch = to_graph_layout(graph, stack_feeds(feeds))  # NHWC-fed inputs as the graph's NCHW tensors
     peaks = {n: np.abs(v).max(axis=(0, 2, 3)) for n, v in batch.items() if v.ndim == 4}
 
     def record(i: int, op: Op, raw: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from npuc.compiler.errors import UserError
+from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels import FLOAT_KERNELS
 from npuc.compiler.kernels.activation import apply_activation
@@ -141,7 +142,7 @@ class Simulator:
         `hook(i, op, raw)` sees each op's float result before it goes on its grid and may replace it."""
         ops = self.graph.ops
         stop = len(ops) if stop is None else stop
-        env = dict(env)
+        env = to_graph_layout(self.graph, env) if start == 0 else dict(env)  # samples come as the user feeds them
         batch = next(iter(env.values())).shape[0]
         for i in range(start, stop):
             op = ops[i]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from npuc.compiler.errors import UserError
+from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.conv import conv2d_nchw, pad_hw, windows
 from npuc.passes.augment import augment_feeds
@@ -236,7 +237,7 @@ def refine_weights(
         if (name := biases.get(op.name)) is not None and name not in graph.tensors
     }
     graph = apply_constants(graph, zero) if zero else graph  # every refined op has a bias from here on
-    feed = stack_feeds(feeds)
+    feed = to_graph_layout(graph, stack_feeds(feeds))  # NHWC-fed inputs as the graph's NCHW tensors
     sim, float_sim = Simulator(graph, thresholds), Simulator(graph, {})
     out = graph.outputs[0]
     ref = float_sim.outputs(feed, quantized=False)

@@ -298,3 +298,20 @@ def test_views_resample_and_tone() -> None:
     feeds = augment_feeds([{"x": x[:1], "n": np.array([3])}])
     assert len(feeds) == 1 + len(VIEWS)
     assert all(f["n"].tolist() == [3] and f["x"].shape == (1, 1, 8, 8) for f in feeds)
+
+
+def test_refine_and_split_on_a_model_fed_nhwc(real_model, tmp_path) -> None:
+    """MTCNN O-Net takes NHWC pictures (its input transpose is absorbed): the batched refinement and channel
+    split runs see the samples in the graph's NCHW layout, as single runs do."""
+    from npuc.models.images import model_inputs
+    from npuc.passes.calibrate import CalibrationOptions, calibrate
+
+    model = real_model("mtcnn_onet")
+    paths = []
+    for i, feed in enumerate(model_inputs("mtcnn_onet", 6)):
+        paths.append(tmp_path / f"{i}.npz")
+        np.savez(paths[-1], **feed)
+    refined = calibrate(model, paths, options=CalibrationOptions(refine="weights", refine_samples=6))
+    assert refined.refinement is not None and refined.refinement.constants
+    split = calibrate(model, paths, options=CalibrationOptions(split_channels=3, refine_samples=6))
+    assert split.table is not None and set(split.table.thresholds()) >= set(refined.table.thresholds())
