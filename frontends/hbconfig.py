@@ -181,7 +181,35 @@ def load_config(path: str | Path) -> HbConfig:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise UserError(f"{path}:{where}: invalid YAML ({problem}); fix the syntax") from None
+    values = expanded_size(data)
+    if values > MAX_CONFIG_VALUES:
+        raise UserError(
+            f"{path}: the YAML expands to {values:.3g} values through its aliases (at most {MAX_CONFIG_VALUES}); "
+            "write the config without alias chains"
+        )
     return parse_config(data, path)
+
+
+MAX_CONFIG_VALUES = 100_000  # a config holds dozens of keys; a few KB of aliases can stand for billions
+
+
+def expanded_size(data: Any) -> int:
+    """How many values `data` holds once its shared (aliased) containers are expanded, counted without
+    expanding them: a post-order walk that sizes each container once and reuses it wherever an alias points."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        item, children_done = stack.pop()
+        if not isinstance(item, (dict, list)) or (id(item) in sizes and not children_done):
+            continue
+        children = list(item.values()) if isinstance(item, dict) else item
+        if children_done:
+            sizes[id(item)] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            continue
+        sizes[id(item)] = 0  # in progress (YAML cannot make cycles through safe_load's plain containers)
+        stack.append((item, True))
+        stack.extend((c, False) for c in children if isinstance(c, (dict, list)) and id(c) not in sizes)
+    return sizes.get(id(data), 1)
 
 
 def parse_config(data: Any, source: Path) -> HbConfig:

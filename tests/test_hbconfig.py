@@ -172,7 +172,10 @@ ERRORS = [
         {"model_parameters__debug_mode": "dump_all"},
         r"debug_mode: 'dump_all' is not allowed; use one of dump_calibration_data",
     ),
-    ({"model_parameters__node_info": {"conv1": {"ON": "CPU"}}}, "node_info: is for marches bayes, bayes-e, not bernoulli2"),
+    (
+        {"model_parameters__node_info": {"conv1": {"ON": "CPU"}}},
+        "node_info: is for marches bayes, bayes-e, not bernoulli2",
+    ),
     ({"model_parameters__set_node_data_type": "int16"}, "set_node_data_type: is for marches bayes, bayes-e"),
     # input_parameters
     ({"input_parameters__input_type_train": None}, r"input_parameters.input_type_train: is required"),
@@ -327,3 +330,20 @@ def test_yaml_syntax_and_shape_errors(tmp_path):
     grouped["input_parameters"] = ["x"]
     with pytest.raises(UserError, match="input_parameters: is a list, not a mapping"):
         parse_config(grouped, SOURCE)
+
+
+def test_alias_bomb_is_refused_before_use(tmp_path):
+    """A 'billion laughs' YAML (aliases of aliases) is measured without expanding it, then refused."""
+    from npuc.frontends.hbconfig import MAX_CONFIG_VALUES, expanded_size, load_config
+
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    lines += ["model_parameters:", "  onnx_model: m.onnx", "  output_model_file_prefix: *i"]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"expands to 9\.\d+e\+08 values through its aliases"):
+        load_config(path)
+    shared = [1, 2, 3]
+    assert expanded_size({"x": [shared, shared], "y": shared}) == 14 < MAX_CONFIG_VALUES
