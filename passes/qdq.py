@@ -36,6 +36,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.frontends.onnx import load_model
@@ -294,7 +295,9 @@ def write_qdq(
     prologues = prologues or {}
     inputs = [_graph_input(w, n, prologues.get(n)) for n in graph.inputs]
     for op in graph.ops:
-        w.emit(op)
+        with per_op(op):
+            w.emit(op)
+    stop_if_gaps()
     for out in graph.outputs:
         if w.float_of.get(out) != out:  # an output that is also an input, or renamed: give it its name
             w.b.node("Identity", [w.float_of[out]], out)

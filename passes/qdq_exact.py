@@ -36,6 +36,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
@@ -463,5 +464,7 @@ def write_exact_nodes(
     w = _ExactWriter(e, graph, output_dequant)
     w.value.update(inputs)
     for op in graph.ops:
-        w.emit(op)
+        with per_op(op):
+            w.emit(op)
+    stop_if_gaps()
     return w.value

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 import numpy as np
 from npuc.compiler import ops
+from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
@@ -168,7 +169,9 @@ def quantize(
             if asked and lowered is not None:
                 fell_back.setdefault(op.kind, []).append(op.name)
         if lowered is None:
-            raise UserError(f"op '{op.name}' ({op.kind}) cannot be quantized by scheme '{scheme}'")
+            with per_op(op):
+                raise UserError(f"op '{op.name}' ({op.kind}) cannot be quantized by scheme '{scheme}'")
+            continue
         new_ops += ctx.pending
         ctx.pending = []
         op.inputs = lowered.inputs
@@ -176,6 +179,7 @@ def quantize(
         for out in op.outputs:
             _annotate_output(ctx, out, lowered.quant)
         new_ops.append(op)
+    stop_if_gaps()
     qgraph.ops = new_ops
     for kind, names in fell_back.items():
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")

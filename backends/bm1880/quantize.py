@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from npuc.compiler import ops
+from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.passes import fixedpoint as fp
@@ -428,11 +429,13 @@ def lower(
     fold_matmul_bias(graph)
     graph.prune()
     for op in graph.ops:
-        if op.kind not in LOWERINGS:
-            raise UnsupportedError(
-                f"op '{op.name}' ({op.kind}) is not supported by the bm1880 target "
-                f"(supported: {', '.join(sorted(LOWERINGS))}); remove or replace it"
-            )
+        with per_op(op):
+            if op.kind not in LOWERINGS:
+                raise UnsupportedError(
+                    f"op '{op.name}' ({op.kind}) is not supported by the bm1880 target "
+                    f"(supported: {', '.join(sorted(LOWERINGS))}); remove or replace it"
+                )
+    stop_if_gaps()
     net = LoweredNet(graph.name, list(graph.inputs), list(graph.outputs), {}, {}, {})
     if dropped:
         net.notes.append(f"left to the host (not in the bmodel): {', '.join(dropped)}")
@@ -447,7 +450,9 @@ def lower(
             net.thresholds[name] = th
     ctx = LowerContext(graph, net, producers, source)
     for op in graph.ops:
-        LOWERINGS[op.kind](ctx, op)
+        with per_op(op):
+            LOWERINGS[op.kind](ctx, op)
+    stop_if_gaps()
     for name in net.inputs + net.outputs:
         ctx.t(name)
     return net

@@ -16,6 +16,7 @@ from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator
 from npuc.backends.cv18xx.memplan import MemoryPlan
 from npuc.backends.cv18xx.weights import WeightArea, bf16_bits
+from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, op_quant
@@ -132,7 +133,9 @@ def generate(cg: Codegen, ops: list[Op]) -> None:
     for index, op in enumerate(ops):
         cg.stream.layer = index + 1
         cg.top_aligned = index % 2 == 1
-        fn = KERNELS.get(op.kind)
-        if fn is None:
-            raise no_kernel(op, f"a {op.kind} op")
-        fn(cg, op)
+        with per_op(op):
+            fn = KERNELS.get(op.kind)
+            if fn is None:
+                raise no_kernel(op, f"a {op.kind} op")
+            fn(cg, op)
+    stop_if_gaps()

@@ -1,4 +1,4 @@
-"""`npuc inspect PATH`: describe an ONNX model or a vendor artifact."""
+"""`npuc inspect PATH`: describe an ONNX model or a vendor artifact; with --target, what will not run where."""
 
 from __future__ import annotations
 
@@ -6,7 +6,32 @@ from pathlib import Path
 
 import typer
 from npuc.compiler.artifacts import ArtifactOptions, detect
+from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import parse_input_shapes
+
+
+def coverage_report(found: dict, graph_ops: int) -> str:
+    """One block per (target, format): the ops it cannot run, each with the reason the build would give."""
+    lines = []
+    for (target, quant), gaps in found.items():
+        label = f"{target} ({quant})" if quant else target
+        if not gaps:
+            lines.append(f"{label}: every op runs")
+            continue
+        ops = [g for g in gaps if g.op is not None and g.judged]
+        unjudged = [g for g in gaps if not g.judged]
+        whole = [g for g in gaps if g.op is None]
+        if ops:
+            lines.append(f"{label}: {len(ops)} of {graph_ops} ops will not run")
+        else:
+            lines.append(f"{label}: the model does not build")
+        for g in ops:
+            after = f" (after {', '.join(g.after)}; may run once that does)" if g.after else ""
+            lines.append(f"  {g.op} ({g.kind}): {g.reason}{after}")
+        lines += [f"  {g.reason}" for g in whole]
+        if unjudged:
+            lines.append(f"  and {len(unjudged)} op(s) after those cannot be judged until they run")
+    return "\n".join(lines)
 
 
 def register(app: typer.Typer) -> None:
@@ -15,7 +40,28 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="An .onnx model, a .cvimodel, a .bmodel or a target output folder."),
         disasm: bool = typer.Option(False, "--disasm", help="List the decoded instructions of command buffers."),
         input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,... (ONNX)."),
+        target: str = typer.Option(
+            None, "--target", help="Also list every op this target ('all': every target) cannot run (ONNX)."
+        ),
+        quant: str = typer.Option(None, "--quant", help="With --target: check this number format only."),
+        chip: str = typer.Option(None, "--chip", help="With --target: check for this chip."),
     ) -> None:
         """Print what a model or artifact contains (ops, shapes, FLOPs; headers, sections, tensors)."""
+        from npuc import api
+
+        if target is None and (quant is not None or chip is not None):
+            raise UserError("--quant and --chip go with --target T; add it or drop them")
         options = ArtifactOptions(disasm=disasm, input_shapes=parse_input_shapes(input_shape))
         typer.echo(detect(path).describe(path, options))
+        if target is not None:
+            found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
+            typer.echo(coverage_report(found, _op_count(path, input_shape)))
+
+
+def _op_count(path: Path, input_shape: list[str]) -> int:
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+
+    graph = import_onnx(path, parse_input_shapes(input_shape) or None, [])
+    canonicalize(graph)
+    return len(graph.ops)

@@ -1,0 +1,145 @@
+"""`npuc inspect MODEL --target T|all`: every op a target cannot run, all at once, before any calibration; each
+listed reason is the error the real build stops with, and a model reported clean really builds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npuc import api
+from npuc.compiler.errors import UserError
+from npuc.compiler.targets import all_targets
+from npuc.models.make_models import make_model
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _npuc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "npuc", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conv -> ReduceMean over channels -> Erf -> Add back onto the conv (broadcast over channels)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c"], ["r"], name="mean", axes=[1], keepdims=1),
+        helper.make_node("Erf", ["r"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "c"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "mixed", [x], [y], [w])
+    path = tmp_path_factory.mktemp("check") / "mixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tinycnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("check") / "tinycnn.onnx"
+    path.write_bytes(make_model("tinycnn").SerializeToString())
+    return path
+
+
+def _names(gaps) -> list[str]:  # noqa: ANN001
+    return [g.op for g in gaps if g.judged]
+
+
+def test_cv18xx_lists_every_op_per_format(mixed: Path) -> None:
+    found = api.check(mixed, "cv18xx")
+    assert set(found) == {("cv18xx", "int8"), ("cv18xx", "bf16")}
+    assert _names(found["cv18xx", "int8"]) == ["mean"]  # int8 erf is a table lookup
+    assert _names(found["cv18xx", "bf16"]) == ["mean", "erf"]  # both, although erf comes after the failed mean
+    erf = found["cv18xx", "bf16"][1]
+    assert erf.kind == "activation" and "bf16 erf has no cv18xx kernel" in erf.reason and erf.after == ("mean",)
+
+
+@pytest.mark.parametrize("target, quant", [("cv18xx", "int8"), ("cv18xx", "bf16"), ("bm1880", "int8"),
+                                           ("dmp", "fp16")])  # fmt: skip
+def test_first_listed_op_is_where_the_build_stops(mixed: Path, tmp_path: Path, target: str, quant: str) -> None:
+    gaps = api.check(mixed, target, quant=quant)[target, quant]
+    assert gaps
+    table = tmp_path / "t.txt"
+    args = ["build", str(mixed), "--target", target, "--quant", quant, "-o", str(tmp_path / "out")]
+    if target in ("cv18xx", "bm1880") and quant == "int8":
+        data = tmp_path / "data"
+        data.mkdir()
+        for i in range(4):
+            np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 8, 8, 8)).astype(np.float32))
+        assert _npuc("calibrate", str(mixed), "--data", str(data), "-o", str(table)).returncode == 0
+        args += ["--calib", str(table)]
+    run = _npuc(*args)
+    assert run.returncode == 2, run.stderr
+    assert f"'{gaps[0].op}'" in run.stderr and gaps[0].reason.split(";")[0] in run.stderr, (run.stderr, gaps[0])
+
+
+def test_a_model_reported_clean_builds(tinycnn: Path, tmp_path: Path) -> None:
+    found = api.check(tinycnn, "all")
+    buildable = {t.name for t in all_targets() if t.build is not None}
+    assert {t for t, _ in found} == buildable
+    assert found["cv18xx", "bf16"] == [] and found["lyngor", "fp16"] == []
+    assert ("lyngor", "float16") not in found  # an alias of fp16 is not checked twice
+    run = _npuc("build", str(tinycnn), "--target", "cv18xx", "--quant", "bf16", "-o", str(tmp_path / "m.cvimodel"))
+    assert run.returncode == 0 and (tmp_path / "m.cvimodel").is_file(), run.stderr
+
+
+def test_stand_ins_keep_later_ops_judged_on_their_own(mixed: Path) -> None:
+    """DMP: after the failed ReduceMean, erf is judged on a stand-in input; the Add's own reason (a broadcast
+    DV700 cannot do) is still reported."""
+    gaps = api.check(mixed, "dmp", quant="fp16")["dmp", "fp16"]
+    by_op = {g.op: g for g in gaps}
+    assert "no DV700 lowering" in by_op["mean"].reason and by_op["mean"].after == ()
+    assert "eltwise add" in by_op["add"].reason and by_op["add"].judged
+
+
+def test_cli_report(mixed: Path) -> None:
+    run = _npuc("inspect", str(mixed), "--target", "all")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "npuc IR after canonicalization: 4 ops" in out  # the usual description comes first
+    assert "cv18xx (int8): 1 of 4 ops will not run" in out and "cv18xx (bf16): 2 of 4 ops will not run" in out
+    assert "  mean (reduce): a reduce op has no cv18xx kernel" in out
+    assert "lyngor (fp16): every op runs" in out
+    for target in (t.name for t in all_targets() if t.build is not None):
+        assert f"\n{target} (" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--quant", "bf16"], "--quant and --chip go with --target T"),
+        (["--target", "nosuch"], "nosuch"),
+        (["--target", "cv18xx", "--quant", "fp16"], "--quant fp16 is not a number format of target 'cv18xx'"),
+        (["--target", "dmp", "--chip", "cv181x"], "--chip cv181x is not a chip of target 'dmp'"),
+        (["--target", "all", "--quant", "int4"], "no target has int4"),
+    ],
+)
+def test_cli_refuses_bad_requests(mixed: Path, args: list[str], message: str) -> None:
+    run = _npuc("inspect", str(mixed), *args)
+    assert run.returncode == 2 and message in run.stderr and run.stderr.count("\n") == 1, run.stderr
+
+
+def test_all_narrows_to_the_targets_with_the_format(mixed: Path) -> None:
+    assert set(api.check(mixed, "all", quant="bf16")) == {("cv18xx", "bf16")}
+    assert {t for t, _ in api.check(mixed, "all", chip="cv183x")} == {"cv18xx"}
+
+
+def test_check_needs_an_onnx_model(tmp_path: Path) -> None:
+    proto = tmp_path / "net.prototxt"
+    proto.write_text('name: "n"\n')
+    with pytest.raises(UserError, match="checks an ONNX model"):
+        api.check(proto, "bm1880")
+
+
+def test_real_recogniser_gaps(real_model) -> None:  # noqa: ANN001
+    """PP-OCRv6 tiny rec on cv18xx: the LayerNorm means and the unfolded BNs, in one report."""
+    path = real_model("ppocrv6_rec_tiny")
+    found = api.check(path, "cv18xx", quant="int8", input_shapes=["x:1,3,48,320"])
+    gaps = found["cv18xx", "int8"]
+    assert sorted(g.kind for g in gaps) == ["channel_scale", "channel_scale", "reduce", "reduce", "reduce"]
+    assert all(g.judged for g in gaps)
