@@ -183,6 +183,8 @@ RECIPES: dict[str, Recipe] = {
     "yolov8n_320": Recipe("stretch", "rgb", 1 / 255, (0.0,) * 3, (1.0,) * 3),
     "ppocrv4_rec": Recipe("height_pad", "bgr", 1 / 255, (0.5,) * 3, (0.5,) * 3, pad_after_norm=True),
     "ddddocr_crnn": Recipe("stretch", "gray", 1 / 255, (0.5,), (0.5,)),
+    "ppocrv6_rec_tiny": Recipe("height_pad", "bgr", 1 / 255, (0.5,) * 3, (0.5,) * 3, pad_after_norm=True),
+    "picodet_layout": Recipe("stretch", "bgr", 1 / 255, IMAGENET_MEAN, IMAGENET_STD),
 }
 
 
@@ -248,6 +250,8 @@ PICTURES: dict[str, Callable[[], list[np.ndarray]]] = {
     "yolov8n_320": _photos,
     "ppocrv4_rec": lambda: [img for _, img in text_line_crops()],
     "ddddocr_crnn": lambda: [img for _, img in text_line_crops()],
+    "ppocrv6_rec_tiny": lambda: [img for _, img in text_line_crops()],
+    "picodet_layout": _documents,
 }
 
 

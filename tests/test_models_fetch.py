@@ -27,6 +27,8 @@ SPEC_SHA256 = {
     "yolov8n_320": "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
     "ppocrv4_rec": "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
     "ddddocr_crnn": "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+    "ppocrv6_rec_tiny": "9ef676d6ed3c88256a2d92c640c44f25b0c40947e111b14b8be8f594091563e6",
+    "picodet_layout": "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
 }
 SPEC_SIZES = {
     "pplcnet_orientation": 6783084,
@@ -38,6 +40,8 @@ SPEC_SIZES = {
     "yolov8n_320": 12150158,
     "ppocrv4_rec": 10857958,
     "ddddocr_crnn": 54088400,
+    "ppocrv6_rec_tiny": 4462639,
+    "picodet_layout": 7423528,
 }
 
 

@@ -15,7 +15,7 @@ from npuc.passes.canonicalize import canonicalize
 
 REAL = [
     "pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny", "yolov8n_320",
-    "ppocrv4_rec", "ddddocr_crnn",
+    "ppocrv4_rec", "ddddocr_crnn", "ppocrv6_rec_tiny", "picodet_layout",
 ]  # fmt: skip
 
 
