@@ -20,12 +20,14 @@ PIPELINE = (
     "absorb_nhwc_input_transpose",
     "merge_transpose_axes",
     "drop_noop_reshape",
+    "spatial_reduce_to_global_pool",
     "recognize_gelu",
     "recognize_hard_sigmoid",
     "recognize_hard_swish",
     "recognize_hard_swish_product",
     "divide_by_reciprocal",
     "fold_bias_add",
+    "scale_before_reshape",
     "fold_batchnorm",
     "fold_pad",
     "fuse_activation",
@@ -190,6 +192,55 @@ def divide_by_reciprocal(graph: Graph) -> int:
         graph.add_const(reciprocal, (np.float32(1) / divisor.astype(np.float32)).astype(np.float32))
         op.inputs = [op.inputs[0], reciprocal]
         op.attrs = ops.Eltwise("mul", op.attrs.act)
+        fired += 1
+    return fired
+
+
+@rewrite("spatial_reduce_to_global_pool")
+def spatial_reduce_to_global_pool(graph: Graph) -> int:
+    """ReduceMean/ReduceMax over H and W of an NCHW tensor, dims kept: a global pool (the squeeze-excite blocks
+    of Paddle exports), which every backend has."""
+    fired = 0
+    for op in graph.iter_ops("reduce"):
+        shape = graph.shape(op.inputs[0])
+        if len(shape) != 4 or op.attrs.kind not in ("mean", "max") or not op.attrs.keepdims:
+            continue
+        if sorted(a % 4 for a in op.attrs.axes) != [2, 3] or len(op.inputs) > 1 and op.inputs[1]:
+            continue
+        op.kind, op.attrs = "global_pool", ops.GlobalPool("avg" if op.attrs.kind == "mean" else "max")
+        fired += 1
+    return fired
+
+
+@rewrite("scale_before_reshape")
+def scale_before_reshape(graph: Graph) -> int:
+    """conv -> reshape keeping N and C (a Squeeze of H) -> channel_scale: the scale moves before the reshape,
+    where fold_batchnorm folds it into the conv. The scaled tensor keeps its name (and so its calibration
+    row) at the conv's shape; the reshape writes a new name its readers follow."""
+    fired = 0
+    producers = graph.producers()
+    for op in graph.iter_ops("channel_scale"):
+        reshape = producers.get(op.inputs[0])
+        if reshape is None or reshape.kind != "reshape" or op.attrs.axis != 1 or op.attrs.act:
+            continue
+        src, out = reshape.inputs[0], op.outputs[0]
+        conv = producers.get(src)
+        before, after = graph.shape(src), graph.shape(out)
+        if conv is None or conv.kind not in ("conv2d", "gemm") or sole_user(graph, src) is not reshape:
+            continue
+        if sole_user(graph, reshape.outputs[0]) is not op or out in graph.outputs:
+            continue
+        if len(before) < 2 or len(after) < 2 or before[:2] != after[:2]:
+            continue
+        moved = graph.unique_name(f"{out}_reshaped")
+        graph.add_tensor(moved, after, graph.tensors[out].dtype)
+        graph.replace_uses(out, moved)
+        graph.tensors[out].shape = tuple(before)
+        op.inputs = [src, *op.inputs[1:]]
+        reshape.inputs, reshape.outputs = [out], [moved]
+        graph.ops.remove(op)
+        graph.ops.insert(graph.ops.index(reshape), op)
+        producers = graph.producers()
         fired += 1
     return fired
 

@@ -128,5 +128,3 @@ def test_split_channels_cli_path(accuracy, data, tmp_path):  # noqa: ANN001
     # the exact figure moves with the installed onnxruntime/numpy (0.9947 and 0.9917 measured on two machines);
     # what must hold is the goal
     assert got.mean_cosine >= 0.99
-
-

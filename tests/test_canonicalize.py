@@ -149,3 +149,51 @@ def test_divide_by_a_constant_becomes_a_multiply_by_its_reciprocal():
     np.testing.assert_array_equal(graph.const(op.inputs[1]).ravel(), [0.5, 0.25, 2.0, 0.125])
     zero = _model([helper.make_node("Div", ["x", "d"], ["y"])], [_const("d", np.zeros((1, 4, 1, 1)))])
     assert canonicalize(import_model(zero)).get("divide_by_reciprocal", 0) == 0  # x / 0 keeps its inf/nan
+
+
+@pytest.mark.parametrize("op_type, mode", [("ReduceMean", "avg"), ("ReduceMax", "max")])
+@pytest.mark.parametrize("axes", [[2, 3], [-1, -2]])
+def test_spatial_reduce_becomes_a_global_pool(op_type, mode, axes):
+    model = _model([helper.make_node(op_type, ["x"], ["y"], axes=axes, keepdims=1)], [])
+    graph = _check(model, {"spatial_reduce_to_global_pool": 1}, {"global_pool": 1})
+    assert graph.ops[0].attrs.mode == mode
+
+
+@pytest.mark.parametrize("axes, keepdims", [([1], 1), ([2, 3], 0), ([1, 2, 3], 1)])
+def test_other_reductions_stay_reductions(axes, keepdims):
+    model = _model([helper.make_node("ReduceMean", ["x"], ["y"], axes=axes, keepdims=keepdims)], [])
+    _check(model, {"spatial_reduce_to_global_pool": 0}, {"reduce": 1})
+
+
+def test_batchnorm_after_a_squeeze_folds_into_the_conv():
+    """conv -> Squeeze(H) -> BatchNormalization (PP-OCR's neck): the scale moves before the squeeze and folds;
+    the scaled tensor keeps its name at the conv's shape, the squeeze writes a new one."""
+    bn = [_const(n, v) for n, v in (("s", RNG.random(4) + 0.5), ("o", RNG.standard_normal(4)),
+                                     ("m", RNG.standard_normal(4)), ("v", RNG.random(4) + 0.1))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[0, 1, 0, 1]),
+        helper.make_node("Squeeze", ["c", "ax"], ["q"]),
+        helper.make_node("BatchNormalization", ["q", "s", "o", "m", "v"], ["n"]),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    ax = numpy_helper.from_array(np.array([2], np.int64), "ax")
+    model = _model(nodes, [*_conv_weights(), *bn, ax], in_shape=(1, 4, 3, 8))
+    graph = _check(
+        model, {"scale_before_reshape": 1, "fold_batchnorm": 1}, {"conv2d": 1, "reshape": 1, "activation": 1}
+    )
+    conv = graph.ops[0]
+    assert conv.outputs == ["n"] and graph.shape("n") == (1, 4, 1, 8)
+    assert graph.ops[1].outputs != ["n"] and graph.shape(graph.ops[1].outputs[0]) == (1, 4, 8)
+
+
+def test_batchnorm_after_a_squeeze_without_a_conv_stays():
+    bn = [_const(n, v) for n, v in (("s", RNG.random(4) + 0.5), ("o", RNG.standard_normal(4)),
+                                     ("m", RNG.standard_normal(4)), ("v", RNG.random(4) + 0.1))]  # fmt: skip
+    nodes = [
+        helper.make_node("Squeeze", ["x", "ax"], ["q"]),
+        helper.make_node("BatchNormalization", ["q", "s", "o", "m", "v"], ["y"]),
+    ]
+    ax = numpy_helper.from_array(np.array([2], np.int64), "ax")
+    _check(
+        _model(nodes, [*bn, ax], in_shape=(1, 4, 1, 8)), {"scale_before_reshape": 0}, {"reshape": 1, "channel_scale": 1}
+    )

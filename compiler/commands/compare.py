@@ -31,7 +31,7 @@ from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.formats import convert
-from npuc.frontends.onnx import import_model, load_model
+from npuc.frontends.onnx import InputShapes, import_model, load_model, parse_input_shapes
 from npuc.passes.calibrate import calibrate, tensor_table_names
 from npuc.passes.calitable import CalibrationTable, read_table
 from npuc.passes.canonicalize import canonicalize
@@ -175,11 +175,12 @@ class Comparison:
         table: CalibrationTable | ThresholdMap,
         data: Path | Sequence[dict[str, np.ndarray]],
         scheme: str,
+        input_shapes: InputShapes | None = None,
     ) -> None:
         import onnxruntime as ort
 
         source = load_model(model)
-        self.graph = import_model(source)
+        self.graph = import_model(source, input_shapes)
         canonicalize(self.graph)
         if isinstance(table, ThresholdMap):
             self.thresholds = table
@@ -331,16 +332,17 @@ def load_comparison(
     target: str = "cv18xx",
     quant: str = "int8",
     calib_data: Sequence[str | Path] = (),
+    input_shapes: InputShapes | None = None,
 ) -> Comparison:
     """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one."""
     scheme = _scheme(target, quant)
     if (table is None) == (not calib_data):
         raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
     if table is None:
-        table = calibrate(model, list(calib_data)).table
+        table = calibrate(model, list(calib_data), input_shapes=input_shapes).table
     elif not isinstance(table, CalibrationTable):
         table = read_table(table)
-    return Comparison(model, table, data, scheme)
+    return Comparison(model, table, data, scheme, input_shapes)
 
 
 def compare_model(
@@ -398,11 +400,15 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--max-float-layers", help="Bound of the --auto-mixed search.")
         ] = DEFAULT_MAX_FLOAT_LAYERS,
         as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+        input_shape: Annotated[
+            list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,... (dynamic dims).")
+        ] = None,
     ) -> None:
         """Per-output and per-layer agreement of the quantized reference with onnxruntime float."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            comparison = load_comparison(model, calib, data, target, quant, calib_data or ())
+            shapes = parse_input_shapes(input_shape or []) or None
+            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes)
         for warning in caught:  # e.g. table rows naming no tensor of this model: one line each, then go on
             typer.echo(f"npuc: warning: {' '.join(str(warning.message).split())}", err=True)
         mixed = None

@@ -221,8 +221,11 @@ def _reduce(ctx: ConvertContext, kind: str, axes) -> None:
     ctx.emit("reduce", [ctx.input(0)], attrs)
 
 
-converter("ReduceMean", 1)(lambda ctx: _reduce(ctx, "mean", ctx.attr("axes")))
-converter("ReduceMean", 18, const_inputs=(1,))(lambda ctx: _reduce(ctx, "mean", ctx.ints(1)))
+# (op, reduction, opset from which the axes come as an input instead of an attribute)
+for _op, _kind, _axes_input in (("ReduceMean", "mean", 18), ("ReduceSum", "sum", 13), ("ReduceMax", "max", 18),
+                                ("ReduceMin", "min", 18)):  # fmt: skip
+    converter(_op, 1)(lambda ctx, kind=_kind: _reduce(ctx, kind, ctx.attr("axes")))
+    converter(_op, _axes_input, const_inputs=(1,))(lambda ctx, kind=_kind: _reduce(ctx, kind, ctx.ints(1)))
 
 
 @converter("Gather", 1)

@@ -1,0 +1,95 @@
+"""PP-OCRv6 tiny text recogniser and the PicoDet layout detector on CV18xx, built from the real trained models,
+run on the vendor simulator with the same bits as `npuc run`, compared with onnxruntime on pictures the
+calibration never saw.
+
+PP-OCRv6 rec builds in int8 because canonicalization turns its squeeze-excite ReduceMeans into global pools and
+folds the BatchNormalizations that follow a Squeeze into their convs; its GELUs have no bf16 kernel yet
+(`npuc inspect --target cv18xx` lists them). PicoDet builds whole in both formats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from metrics import cosine
+from npuc.backends.cv18xx.container import read_cvimodel
+from npuc.backends.cv18xx.sim import run_cvimodel
+from npuc.models.images import model_inputs
+from npuc.passes.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calitable import write_table
+
+from .cv18xx_build_util import build, real_model_shapes
+from .cv18xx_sim import run_vendor
+
+CALIBRATION_PICTURES = 12
+
+
+def _table(name: str, model: Path, folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A KL table from the first pictures of the model's set, and the next picture (held out) as the test feed."""
+    feeds = model_inputs(name, CALIBRATION_PICTURES + 1)
+    paths = []
+    for i, feed in enumerate(feeds[:CALIBRATION_PICTURES]):
+        paths.append(folder / f"{i}.npz")
+        np.savez(paths[-1], **feed)
+    result = calibrate(model, paths, options=CalibrationOptions(method="kl"), input_shapes=real_model_shapes(name))
+    write_table(result.table, folder / "cali_table.txt")
+    return folder / "cali_table.txt", feeds[-1]
+
+
+def _run_both(out: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """npuc's simulator and the vendor's on the same file: equal bits, returned once."""
+    ours = run_cvimodel(read_cvimodel(out), feed)
+    theirs = run_vendor(out, feed)
+    assert set(ours) == set(theirs)
+    for name, value in theirs.items():
+        got = np.asarray(ours[name]).reshape(value.shape)
+        assert np.array_equal(got.view(np.uint8), value.view(np.uint8)), name
+    return theirs
+
+
+@pytest.fixture(scope="module")
+def recogniser(real_model, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    model = real_model("ppocrv6_rec_tiny")
+    table, feed = _table("ppocrv6_rec_tiny", model, tmp_path_factory.mktemp("ppocr"))
+    return model, table, feed
+
+
+@pytest.mark.parametrize("chip", ["cv183x", "cv181x"])
+def test_ppocrv6_rec_int8_bit_exact(recogniser, tmp_path: Path, chip: str) -> None:
+    model, table, feed = recogniser
+    out = build(model, table, chip, "int8", tmp_path / "rec.cvimodel", real_model_shapes("ppocrv6_rec_tiny"))
+    got = _run_both(out, feed)["fetch_name_0"]
+    want = ort.InferenceSession(str(model)).run(None, feed)[0]
+    # Measured on the held-out text line: cosine 0.93-0.95, per-position argmax agreement 0.75-0.92 over
+    # four lines. Below the issue's 0.98: the error grows through the GELU blocks (npuc compare lists them);
+    # held here so it cannot regress.
+    assert cosine(got.reshape(want.shape), want) >= 0.9
+    assert (got.reshape(want.shape).argmax(-1) == want.argmax(-1)).mean() >= 0.7
+
+
+@pytest.fixture(scope="module")
+def layout(real_model, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    model = real_model("picodet_layout")
+    table, feed = _table("picodet_layout", model, tmp_path_factory.mktemp("picodet"))
+    return model, table, feed
+
+
+def test_picodet_bf16_bit_exact_and_accurate(layout, tmp_path: Path) -> None:
+    model, _, feed = layout
+    out = build(model, None, "cv181x", "bf16", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
+    got = _run_both(out, feed)
+    session = ort.InferenceSession(str(model))
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))
+    for name, value in want.items():  # 4 class-score and 4 box heads; measured 0.9993 .. 0.99999
+        assert cosine(got[name].reshape(value.shape), value) >= 0.999, name
+
+
+def test_picodet_int8_bit_exact(layout, tmp_path: Path) -> None:
+    """Bits only: the class-score heads (sigmoid outputs mostly near 0) measure cosine 0.3-0.6 in plain int8,
+    the box heads 0.87-0.98; a default that reaches the float model is issue 18's mixed precision."""
+    model, table, feed = layout
+    out = build(model, table, "cv181x", "int8", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
+    _run_both(out, feed)
