@@ -13,7 +13,7 @@ import numpy as np
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
-from npuc.compiler.kernels.quantized.bf16_conv import accumulate_windows
+from npuc.compiler.kernels.quantized.bf16_conv import accumulate_products, accumulate_windows
 from numpy.lib.stride_tricks import sliding_window_view
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
@@ -374,16 +374,18 @@ def tiu_matmul(ctx: TiuContext) -> None:
     w1 = rw  # the right matrix's and the bias's column-group width
     left = ctx.read("opd0", (rows, c0, 1, w0)).reshape(rows, c0 * w0)[:, :k]
     right = ctx.read("opd1", (k, c1, 1, w1)).reshape(k, c1 * w1)
-    acc = left.astype(np.float64) @ right if ctx.bf16 else left @ right
-    if ctx.bf16:
+    if ctx.bf16:  # float32 sums rounded toward zero, across the column groups first, the bias last
+        bias = None
         if f["tsk_opd_num"] == 3:  # fp32 bias as a high-16 row and a low-16 row
             shape = (2, c1, 1, w1)
             raw = ctx.lmem.read(f["opd2_addr"], shape, ctx.strides("opd2", shape), "bf16").reshape(2, -1)
-            acc = acc + ((raw[0].astype(np.uint32) << 16) | raw[1]).view(np.float32)
+            bias = ((raw[0].astype(np.uint32) << 16) | raw[1]).view(np.float32)
+        acc = accumulate_products(left, right, w0, bias)
         with np.errstate(over="ignore"):
             out = acc.astype(np.float32)
         ctx.write_res((np.maximum(out, 0) if f["opt_relu_typ"] else out)[:, : rc * rw], (rows, rc, 1, rw))
         return
+    acc = left @ right
     if f["tsk_opd_num"] == 3:
         planes = 4 if f["opt_chl_quan"] else 2
         raw = ctx.lmem.read(

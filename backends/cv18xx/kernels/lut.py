@@ -9,11 +9,12 @@ int8 (12 only for bf16); the cv182x family has no such bit and selects the looku
 Per op: the table goes into the weight area already replicated per lane, is loaded once, then the tensor is
 tiled load -> lookup (in place) -> store, as tpu-mlir's `cvi_backend_tg_lut_kernel` does.
 
-bf16 sigmoid/tanh interpolate between two bf16 tables, (1, lanes, 32, 8) each, indexed by the low byte of each
+bf16 sigmoid/tanh/erf/GELU interpolate between two bf16 tables, (1, lanes, 32, 8) each, indexed by the low byte of each
 bf16 element (compiler/kernels/quantized/bf16_lut.py has the arithmetic and the tables). Per tile, with three
 bf16 tiles X, S and Y: X = x * scale, clamped to [-128, 127]; a local TDMA converts X to int8 rounding toward
 zero, writing each code into the low byte of Y's element; a second one turns the codes back into bf16 in S;
-X -= S (the fraction); S = slope[Y]; Y = base[Y] (in place); Y += X * S.
+X -= S (the fraction); S = slope[Y]; Y = base[Y] (in place); Y += X * S. GELU's table holds GELU(x) / x, so
+its input stays in a fourth tile for a last Y = x * Y.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from npuc.backends.cv18xx.lmem import LTensor
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
-from npuc.compiler.kernels.quantized.bf16_lut import INDEX_HI, INDEX_LO, slope_table, table_kinds
+from npuc.compiler.kernels.quantized.bf16_lut import INDEX_HI, INDEX_LO, PRODUCT_KINDS, slope_table, table_kind
 
 TABLE_ENTRIES = 256
 TABLE_HW = {"i8": (16, 16), "bf16": (32, 8)}  # per-lane table shape the TIU insists on
@@ -111,9 +112,9 @@ BF16_TILES = 4  # X, S, Y and room for the two 512-byte tables
 
 
 def is_bf16_table_activation(op: Op) -> bool:
-    """A bf16 activation this module computes through tables (sigmoid, tanh)."""
+    """A bf16 activation this module computes through tables (sigmoid, tanh, erf, GELU)."""
     act = getattr(op.attrs, "act", None)
-    return op.kind == "activation" and quant_of(op).mode == "bf16" and act is not None and act.kind in table_kinds()
+    return op.kind == "activation" and quant_of(op).mode == "bf16" and act is not None and table_kind(act) is not None
 
 
 def replicated_bf16_table(chip: ChipSpec, values: np.ndarray) -> np.ndarray:
@@ -130,8 +131,11 @@ def _per_element(t: LTensor, fmt: str) -> LTensor:
 
 
 def emit_bf16_slope_lut(cg: Codegen, op: Op) -> None:
-    """A bf16 sigmoid/tanh op: both tables loaded once, then tiled as the module docstring describes."""
-    table = slope_table(op.attrs.act.kind)
+    """A bf16 table activation: both tables loaded once, then tiled as the module docstring describes; a GELU
+    keeps its input tile to multiply by the looked-up factor."""
+    kind = table_kind(op.attrs.act)
+    table = slope_table(kind)
+    product = kind in PRODUCT_KINDS
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     if x.fmt != "bf16" or y.fmt != "bf16":
         raise UserError(f"op '{op.name}' ({op.kind}): the bf16 table kernel reads and writes bf16 tensors")
@@ -147,12 +151,13 @@ def emit_bf16_slope_lut(cg: Codegen, op: Op) -> None:
     scale = int(bf16_bits(table.scale))
     lo, hi = (int(bf16_bits(np.float32(v))) for v in (INDEX_LO, INDEX_HI))
     top = local.top
-    for b, cs, hs in tiles(cg, op, y.shape, "bf16", BF16_TILES):
+    for b, cs, hs in tiles(cg, op, y.shape, "bf16", BF16_TILES + product):
         local.reset(top)
         shape = (1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3])
         tx, ts, ty = (local.tensor(shape, "bf16") for _ in range(3))
-        dma.load(s, _part(x, b, cs, hs), tx)
-        s.tiu(tiu.mul(tx, tx, scale))
+        tin = local.tensor(shape, "bf16") if product else tx
+        dma.load(s, _part(x, b, cs, hs), tin)
+        s.tiu(tiu.mul(tx, tin, scale))
         s.tiu(tiu.maximum(tx, tx, lo))
         s.tiu(tiu.minimum(tx, tx, hi))
         codes = _per_element(ty, "i8")
@@ -162,4 +167,6 @@ def emit_bf16_slope_lut(cg: Codegen, op: Op) -> None:
         s.tiu(lookup(cg.chip, ts, ty, slope))
         s.tiu(lookup(cg.chip, ty, ty, base))
         s.tiu(tiu.mac(ty, tx, ts, 16, 0, False, True))
+        if product:
+            s.tiu(tiu.mul(ty, tin, ty))
         dma.store(s, ty, _part(y, b, cs, hs))

@@ -23,7 +23,7 @@ from ..registry import FLOAT_KERNELS, KernelFn
 from .bf16_act import prelu as prelu_steps
 from .bf16_act import tiu_activation, tiu_activation_kinds
 from .bf16_conv import conv2d_sums, conv_transpose2d_sums
-from .bf16_lut import slope_lookup, table_kinds
+from .bf16_lut import slope_lookup, table_kind
 from .int8 import window_cell_counts, window_sums
 from .registry import quant_kernel
 
@@ -74,11 +74,12 @@ def global_pool(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def activation(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Sigmoid/tanh through the cv18xx bf16 tables, piecewise-linear ones by the TIU's steps (what the TPU
+    """Sigmoid/tanh/erf/GELU through the cv18xx bf16 tables, piecewise-linear ones by the TIU's steps (what the TPU
     computes); other activations rounded."""
     kind = op.attrs.act.kind
-    if kind in table_kinds():
-        return [slope_lookup(round_to_bf16(inputs[0]), kind)]
+    table = table_kind(op.attrs.act)
+    if table is not None:
+        return [slope_lookup(round_to_bf16(inputs[0]), table)]
     if kind in tiu_activation_kinds():
         return [tiu_activation(round_to_bf16(inputs[0]), op.attrs.act)]
     return _rounded(FLOAT_KERNELS["activation"])(op, inputs)

@@ -1,4 +1,5 @@
-"""bf16 sigmoid and tanh as the cv18xx computes them: a 256-entry value table and a slope table, interpolated.
+"""bf16 sigmoid, tanh, erf and GELU as the cv18xx computes them: a 256-entry value table and a slope table,
+interpolated.
 
 The TPU has no exp, so tpu-mlir evaluates these activations with two bf16 lookups (specs/cv18xx.md §4; the
 "slope" recipe of its `LutBF16` op). npuc's variant, step by step on bf16 values:
@@ -12,6 +13,9 @@ The TPU has no exp, so tpu-mlir evaluates these activations with two bf16 lookup
 Results of the multiply (1) and the multiply-accumulate (5) below the smallest normal float become +0 before
 rounding, as the TIU does.
 
+GELU is not bounded, so its table holds the bounded factor Phi(x) = GELU(x) / x (the normal CDF, or its tanh
+approximation) and a sixth step multiplies: `y = bf16(x * Phi)` (`PRODUCT_KINDS`).
+
 Truncation toward zero means a negative `xs` sits between k - 1 and k, so the slope of a negative index is the
 backward difference `base[k] - base[k - 1]`, of a non-negative one the forward difference. This, not the exact
 float function, is the reference: `npuc run`, the quantized interpreter and the vendor simulator agree on it.
@@ -19,12 +23,15 @@ float function, is the reference: `npuc run`, the quantized interpreter and the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
 
 import numpy as np
+from npuc.compiler.kernels.activation import erf
+from npuc.compiler.ops import Activation
 from npuc.passes.fixedpoint import round_to_bf16
 
 ENTRIES = 256
@@ -42,14 +49,37 @@ class SlopeTable:
     slope: np.ndarray
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    return erf(np.asarray(x, np.float64))
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _tanh_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
 # kind -> (function, scale). The scales are exact bf16 values covering about tpu-mlir's ranges
-# (sigmoid +-12, tanh +-15), where both functions are flat to within a bf16 step.
+# (sigmoid +-12, tanh +-15), where the functions are flat to within a bf16 step (erf beyond +-3.5, the GELU
+# factors beyond about +-4.5; the table reaches +-4 and +-6).
 _FUNCTIONS: MappingProxyType[str, tuple[Callable[[np.ndarray], np.ndarray], float]] = MappingProxyType(
     {
         "sigmoid": (lambda x: 1.0 / (1.0 + np.exp(-x)), 10.0),
         "tanh": (np.tanh, 8.5),
+        "erf": (_erf, 32.0),
+        "gelu": (_normal_cdf, 21.25),
+        "gelu_tanh": (_tanh_cdf, 21.25),
     }
 )
+PRODUCT_KINDS = ("gelu", "gelu_tanh")  # the table holds y / x; the input multiplies the looked-up value
+
+
+def table_kind(act: Activation) -> str | None:
+    """The table of activation `act`, or None when it has none."""
+    kind = "gelu_tanh" if act.kind == "gelu" and act.approximate == "tanh" else act.kind
+    return kind if kind in _FUNCTIONS else None
 
 
 def table_kinds() -> tuple[str, ...]:
@@ -86,7 +116,7 @@ def flush_subnormal(x: np.ndarray) -> np.ndarray:
 
 def table_index(x: np.ndarray, table: SlopeTable) -> tuple[np.ndarray, np.ndarray]:
     """Steps 1-4: (int8 index, bf16 fraction) of bf16 values `x`."""
-    xs = round_to_bf16(flush_subnormal(np.asarray(x, np.float32) * table.scale))
+    xs = round_to_bf16(flush_subnormal(flush_subnormal(x) * table.scale))  # a subnormal operand reads as 0
     xs = np.clip(xs, np.float32(INDEX_LO), np.float32(INDEX_HI))
     k = np.trunc(xs)
     return k.astype(np.int8), (xs - k).astype(np.float32)
@@ -105,4 +135,7 @@ def slope_lookup(x: np.ndarray, kind: str) -> np.ndarray:
     table = slope_table(kind)
     k, d = table_index(x, table)
     byte = k.view(np.uint8)
-    return multiply_accumulate(d, table.slope[byte], table.base[byte]).astype(np.float32)
+    y = multiply_accumulate(d, table.slope[byte], table.base[byte]).astype(np.float32)
+    if kind in PRODUCT_KINDS:
+        y = multiply_accumulate(np.asarray(x, np.float32), y, np.float32(0)).astype(np.float32)
+    return y
