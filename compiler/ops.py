@@ -123,6 +123,14 @@ class ChannelScale:
 
 
 @dataclass
+class LayerNorm:
+    """y = (x - mean) / sqrt(var + epsilon) * scale + bias over the axes from `axis` on (scale, bias: inputs)."""
+
+    axis: int = -1
+    epsilon: float = 1e-5
+
+
+@dataclass
 class Softmax:
     axis: int = -1
     coerce_2d: bool = False  # opset < 13: flatten to 2-D at `axis` before normalising
@@ -405,6 +413,7 @@ OPS: dict[str, OpDef] = {
         OpDef("prelu", PRelu, lambda g, op, s: [_broadcast(op, s)], (2, 2)),
         OpDef("channel_scale", ChannelScale, _same, (3, 3)),
         OpDef("softmax", Softmax, _same, (1, 1)),
+        OpDef("layer_norm", LayerNorm, _same, (2, 3)),
         OpDef("concat", Concat, _infer_concat, (1, -1)),
         OpDef("reshape", Reshape, _infer_reshape, (1, 1)),
         OpDef("transpose", Transpose, lambda g, op, s: [tuple(s[0][p] for p in op.attrs.perm)], (1, 1)),

@@ -289,6 +289,10 @@ EMITTERS: Mapping[str, Emitter] = MappingProxyType(
             "Expand", [ins[0], b.const("shape", np.array(op.attrs.shape, np.int64))], out
         ),
         "cast": lambda b, op, ins, out: b.node("Identity", ins, out),  # formats are the Q/DQ around it
+        "layer_norm": lambda b, op, ins, out: b.node(
+            "LayerNormalization", ins, out, axis=op.attrs.axis, epsilon=op.attrs.epsilon
+        ),
+        "recurrent": _unsupported,
         "lut": _unsupported,
     }
 )

@@ -26,6 +26,7 @@ CLAIMED = {
     "Upsample", "Pad", "Slice", "Split", "Squeeze", "Unsqueeze", "Sum", "Max", "Min", "LRN", "ReduceMean",
     "Erf", "Gelu", "Constant", "ConstantOfShape", "Identity", "Dropout", "Shape", "Gather", "Cast", "Expand",
     "Range", "Sqrt", "Exp", "Log", "Reciprocal", "Neg", "Abs", "LSTM", "GRU", "ReduceSum", "ReduceMax", "ReduceMin",
+    "LayerNormalization", "Equal", "Where",
 }  # fmt: skip
 
 # name pattern → why npuc does not run it. Each pattern must match at least one case (checked below).

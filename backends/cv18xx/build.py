@@ -31,6 +31,7 @@ from npuc.backends.cv18xx.fbcodec import encode as fb_encode
 from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
 from npuc.compiler import ops
+from npuc.compiler.coverage import stop_if_gaps
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
@@ -297,6 +298,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         cg.stream = stream()
         generate(cg, seg)
         streams.append(cg.stream)
+    stop_if_gaps()  # a trial build (npuc inspect --target) has seen every segment's ops
     model = _assemble(request, chip.name, qgraph, cg, cpu_ops, segments, streams, islands, tail_ops, inputs, outputs,
                       tpu_outputs)  # fmt: skip
     data = write_cvimodel(model)

@@ -1,4 +1,4 @@
-"""Broadcasting arithmetic (eltwise, prelu, channel_scale) and softmax."""
+"""Broadcasting arithmetic (eltwise, prelu, channel_scale), layer normalization and softmax."""
 
 from __future__ import annotations
 
@@ -80,6 +80,19 @@ def softmax(x: np.ndarray, axis: int) -> np.ndarray:
     """Numerically stable softmax along `axis`."""
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
+
+
+@float_kernel("layer_norm")
+def layer_norm(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    x = inputs[0]
+    axes = tuple(range(op.attrs.axis % x.ndim, x.ndim))
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=axes, keepdims=True)
+    normed = centred / np.sqrt((centred * centred).mean(axis=axes, keepdims=True) + op.attrs.epsilon)
+    y = normed * inputs[1]
+    if len(inputs) > 2:
+        y = y + inputs[2]
+    return [y.astype(x.dtype)]
 
 
 @float_kernel("softmax")

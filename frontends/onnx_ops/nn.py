@@ -217,6 +217,32 @@ def softmax_legacy(ctx: ConvertContext) -> None:
     ctx.emit("softmax", [ctx.input(0)], ops.Softmax(axis=ctx.axis(int(ctx.attr("axis", 1))), coerce_2d=True))
 
 
+@converter("LayerNormalization", 17)
+def layer_norm(ctx: ConvertContext) -> None:
+    axis, eps = ctx.axis(int(ctx.attr("axis", -1))), float(ctx.attr("epsilon", 1e-5))
+    ctx.emit("layer_norm", ctx.inputs, ops.LayerNorm(axis, eps), [ctx.output(0)])
+    outputs = list(ctx.node.output) + ["", ""]
+    if outputs[1] or outputs[2]:  # the training outputs Mean and InvStdDev, spelled out in primitives
+        _layer_norm_statistics(ctx, tuple(range(axis, ctx.rank(0))), eps, outputs[1], outputs[2])
+
+
+def _layer_norm_statistics(ctx: ConvertContext, axes: tuple[int, ...], eps: float, mean: str, inv_std: str) -> None:
+    x = ctx.input(0)
+    mean = mean or ctx.temp("mean")
+    ctx.emit("reduce", [x], ops.Reduce("mean", axes, True), [mean])
+    if not inv_std:
+        return
+    centred, square, var, shifted, std = (ctx.temp(n) for n in ("centred", "square", "var", "shifted", "std"))
+    ctx.emit("eltwise", [x, mean], ops.Eltwise("sub"), [centred])
+    ctx.emit("eltwise", [centred, centred], ops.Eltwise("mul"), [square])
+    ctx.emit("reduce", [square], ops.Reduce("mean", axes, True), [var])
+    epsilon = ctx.temp("epsilon")
+    ctx.graph.add_const(epsilon, np.array(eps, np.float32))
+    ctx.emit("eltwise", [var, epsilon], ops.Eltwise("add"), [shifted])
+    ctx.emit("activation", [shifted], ops.ActivationOp(ops.Activation("sqrt")), [std])
+    ctx.emit("activation", [std], ops.ActivationOp(ops.Activation("reciprocal")), [inv_std])
+
+
 @converter("Softmax", 13)
 def softmax(ctx: ConvertContext) -> None:
     ctx.emit("softmax", [ctx.input(0)], ops.Softmax(axis=ctx.axis(int(ctx.attr("axis", -1)))))

@@ -288,6 +288,18 @@ def constant_of_shape(ctx: ConvertContext) -> None:
     ctx.emit_const(np.full(ctx.ints(0), fill[0], dtype=fill.dtype))
 
 
+# Comparisons and selections appear in exported shape arithmetic (attention-mask broadcasting): on pinned
+# shapes their inputs are constants and they fold; on activations npuc has no op for them.
+@converter("Equal", 1, const_inputs=(0, 1))
+def equal(ctx: ConvertContext) -> None:
+    ctx.emit_const(np.equal(ctx.const(0), ctx.const(1)))
+
+
+@converter("Where", 9, const_inputs=(0, 1, 2))
+def where(ctx: ConvertContext) -> None:
+    ctx.emit_const(np.where(ctx.const(0), ctx.const(1), ctx.const(2)))
+
+
 @converter("Range", 11, const_inputs=(0, 1, 2))
 def range_(ctx: ConvertContext) -> None:
     start, limit, delta = (ctx.const(i) for i in (0, 1, 2))
