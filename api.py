@@ -34,12 +34,14 @@ def build(
     options: Mapping[str, Any] | None = None,
     config: str | Path | None = None,
     depfile: str | Path | None = None,
+    qtable: str | Path | None = None,
 ) -> BuildResult:
     """Compile `model` for `target` (see `npuc targets`) and write the artifact atomically.
 
     `input_shapes`: "NAME:D0,D1,..." strings (an input named again starts another resolution) or {name: dims};
     `options`: the target's option keys (`name`, `float_layers`, ...; `npuc targets` lists them); `config`: an
-    hb_mapper YAML (model, inputs, calibration data); `depfile`: also write a Makefile dependency line.
+    hb_mapper YAML (model, inputs, calibration data); `depfile`: also write a Makefile dependency line;
+    `qtable`: a tpu-mlir qtable whose BF16 layers stay bf16 (default: `<calib>.qtable` when that file exists).
     The result's `notes` are what the CLI prints as `note:` lines."""
     from npuc.compiler.interp import external_shape
     from npuc.compiler.targets import BuildRequest, check_request, get_target
@@ -70,10 +72,11 @@ def build(
     notes: list[str] = []
     graph = _import(model, weights, shape_sets[0] if shape_sets else None, options, notes)
     canonicalize(graph)
-    _check_float_layers(graph, options.get("float_layers", ()))
     if hb is not None:
         hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
         output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
+    qtable_layers = _qtable_layers(graph, chosen, calib, qtable, options, notes)
+    _check_float_layers(graph, options.get("float_layers", ()))
     if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: refitted weights
         graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
         notes.append(f"refined constants from {side_file(calib)}")
@@ -81,6 +84,8 @@ def build(
     request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
     result = chosen.build(request)
     result.notes[:0] = notes
+    if qtable_layers:
+        result.summary["qtable_bf16_layers"] = qtable_layers
     if depfile is not None:
         from npuc.compiler.fileio import atomic_write_bytes
 
@@ -229,6 +234,38 @@ def _import(model: Path, weights: str | Path | None, shapes: dict | None, option
     from npuc.frontends.onnx import import_onnx
 
     return import_onnx(model, shapes, notes)
+
+
+def _qtable_layers(graph: Any, target: Any, calib: Path | None, qtable: str | Path | None, options: dict,
+                   notes: list[str]) -> list[str]:  # fmt: skip
+    """The BF16 layers of the qtable (given, or beside the table), added to options["float_layers"]."""
+    from npuc.passes.qtable import beside, read_qtable
+
+    path = Path(qtable) if qtable is not None else None
+    if path is None and calib is not None and beside(calib).is_file():
+        path = beside(calib)
+        if "float_layers" not in target.options:
+            notes.append(f"{path} not used: target '{target.name}' has no float fallback for its layers")
+            return []
+    if path is None:
+        return []
+    if "float_layers" not in target.options:
+        raise UserError(f"--qtable is not used by target '{target.name}' (it is for cv18xx); remove it")
+    modes = read_qtable(path)
+    known = {op.name for op in graph.ops} | set(graph.tensors)
+    unknown = [n for n in modes if n not in known]
+    if unknown:
+        raise UserError(
+            f"{path}: layer '{unknown[0]}' ({len(unknown)} of {len(modes)}) matches no op or tensor of the model; "
+            "was it made for another model? Rerun `npuc calibrate --target-cos` for this one"
+        )
+    other = sorted({m for m in modes.values() if m not in ("BF16", "INT8")})
+    if other:
+        raise UserError(f"{path}: mode {other[0]} has no {target.name} form; keep layers in BF16 or INT8")
+    layers = [n for n, m in modes.items() if m == "BF16"]
+    options["float_layers"] = list(dict.fromkeys([*options.get("float_layers", ()), *layers]))
+    notes.append(f"{len(layers)} layer(s) kept in bf16 by {path}")
+    return layers
 
 
 def _check_float_layers(graph: Any, names: Sequence[str]) -> None:

@@ -16,6 +16,19 @@ import numpy as np
 from .errors import UserError
 
 
+def read_text_file(path: Path, what: str, max_bytes: int) -> str:
+    """A UTF-8 text input of at most `max_bytes` (`what`: "calibration table", ...), or a one-line UserError."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise UserError(f"{path}: {size} bytes is too large for a {what}; check the path")
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}; check the path") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: byte {exc.start} is not UTF-8 text; pass a tpu-mlir {what}") from None
+
+
 def check_output_file(path: Path) -> Path:
     """An output file path that names a file (not a folder, device or nothing) in an existing folder."""
     path = Path(path)

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from npuc.compiler.errors import UserError
-from npuc.compiler.fileio import atomic_write_bytes
+from npuc.compiler.fileio import atomic_write_bytes, read_text_file
 
 TIME_KEY = "genetated time"  # tpu-mlir's spelling; other tools match on it
 COLUMNS_LINE = "# op_name    threshold    min    max"
@@ -286,16 +286,7 @@ def _read_header_field(table: CalibrationTable, line: str, where: str) -> None:
 def read_table(path: str | Path) -> CalibrationTable:
     """Read a cali_table file (UTF-8 text, at most 64 MiB)."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_TABLE_BYTES:
-            raise UserError(f"{path}: {size} bytes is too large for a calibration table; check the path")
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read calibration table {path}: {exc.strerror}; check the path") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: byte {exc.start} is not UTF-8 text; pass a tpu-mlir calibration table") from None
-    return parse_table(text, str(path))
+    return parse_table(read_text_file(path, "calibration table", MAX_TABLE_BYTES), str(path))
 
 
 def table_from_rows(

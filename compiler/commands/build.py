@@ -52,6 +52,9 @@ def register(app: typer.Typer) -> None:
         float_layers: str = typer.Option(
             None, "--float-layers", help="Comma-separated op or tensor names kept in the fallback format."
         ),
+        qtable: Path = typer.Option(
+            None, "--qtable", help="tpu-mlir qtable: its BF16 layers stay bf16 (default: <calib>.qtable if present)."
+        ),
         quant_input: bool = typer.Option(False, "--quant-input", help="Feed the model int8 instead of float32."),
         quant_output: bool = typer.Option(False, "--quant-output", help="Return int8 outputs, not float32."),
         no_layer_group: bool = typer.Option(False, "--no-layer-group", help="One layer at a time through gmem."),
@@ -88,7 +91,8 @@ def register(app: typer.Typer) -> None:
         from npuc import api
 
         result = api.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
-                           input_shapes=input_shape, options=options, config=config, depfile=depfile)  # fmt: skip
+                           input_shapes=input_shape, options=options, config=config, depfile=depfile,
+                           qtable=qtable)  # fmt: skip
         chosen = result.target
         if as_json:
             summary = {"target": chosen, "artifacts": [str(a) for a in result.artifacts], **result.summary}

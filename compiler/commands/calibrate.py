@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from npuc.compiler.commands.compare import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import parse_input_shapes
 from npuc.passes.calibrate import CalibrationOptions, calibrate, merge_stats_files, stats_to_table
 from npuc.passes.calitable import CalibrationTable, write_table
 from npuc.passes.histogram import DEFAULT_BINS, load_stats, save_stats
-from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
+from npuc.passes.preprocess import Preprocess, list_samples, parse_floats, parse_hw
 from npuc.passes.refinement import Refinement, save_refinement, side_file
 from typer.core import TyperGroup
 
@@ -80,6 +81,36 @@ def _note(message: str) -> None:
 
 
 METHOD_HELP = "Threshold method: kl (tpu-mlir's default), max, percentile, mse."
+
+
+HELD_OUT_SHARE = 5  # --target-cos measures on every 5th sample's worth, taken from the end of the list
+
+
+def _hold_out(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(calibration samples, held-out samples): the last fifth (at least one) is held out."""
+    if len(files) < 2:
+        raise UserError(f"--target-cos needs at least 2 samples (one to calibrate, one to measure); found {len(files)}")
+    count = max(1, len(files) // HELD_OUT_SHARE)
+    return files[:-count], files[-count:]
+
+
+def _mixed_precision(model: Path, table: CalibrationTable, held_out: list[Path], pre: Preprocess, shapes: dict,
+                     target: float, max_layers: int, output: Path) -> None:  # fmt: skip
+    from npuc.compiler.commands.compare import held_out_qtable
+    from npuc.passes.calibrate import plan_calibration
+    from npuc.passes.preprocess import load_sample
+    from npuc.passes.qtable import beside
+
+    inputs = plan_calibration(model, shapes or None).inputs
+    feeds = [load_sample(p, inputs, pre) for p in held_out]
+    mixed = held_out_qtable(model, table, feeds, target, beside(output), max_layers, shapes or None)
+    layers = ", ".join(mixed.float_layers[:6]) + (", ..." if len(mixed.float_layers) > 6 else "")
+    verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
+    typer.echo(  # always shown, unlike the progress notes: it decides what the build does
+        f"npuc: note: --target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
+        f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({layers})' if layers else ''}; wrote {beside(output)}",
+        err=True,
+    )
 
 
 def _write_bmnet(model: Path, table: CalibrationTable, shapes: dict, path: Path) -> None:
@@ -172,6 +203,17 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--ray", help="Run the passes on a Ray cluster: auto (the local `ray start`) or its address."),
         ] = None,
+        target_cos: Annotated[
+            float | None,
+            typer.Option(
+                "--target-cos",
+                help="cv18xx: keep the fewest layers in bf16 for this output cosine on held-out samples; "
+                "writes TABLE.qtable, which `npuc build --calib TABLE` reads.",
+            ),
+        ] = None,
+        max_float_layers: Annotated[
+            int, typer.Option("--max-float-layers", help="Bound of the --target-cos search.")
+        ] = DEFAULT_MAX_FLOAT_LAYERS,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         if (refine or split_channels > 1) and output is None:
@@ -195,6 +237,14 @@ def register(app: typer.Typer) -> None:
             layout=layout,
         )
         range_stats = load_stats(ranges) if ranges is not None else None
+        shapes = parse_input_shapes(input_shape or [])
+        held_out: list[Path] = []
+        if target_cos is not None:
+            if output is None or refine or split_channels > 1 or range_only:
+                raise UserError("--target-cos searches over a plain table: give -o TABLE, without --refine, "
+                                "--split-channels or --range-only")  # fmt: skip
+            data, held_out = _hold_out(list_samples(data, samples))
+            samples = None
         progress, bar = _progress_factory()
         with bar or nullcontext():
             result = calibrate(
@@ -202,7 +252,7 @@ def register(app: typer.Typer) -> None:
                 data,
                 pre,
                 options,
-                input_shapes=parse_input_shapes(input_shape or []),
+                input_shapes=shapes,
                 limit=samples,
                 ranges=range_stats,
                 range_only=range_only,
@@ -229,6 +279,8 @@ def register(app: typer.Typer) -> None:
                     f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: "
                     f"{side_file(output)}"
                 )
+        if held_out and result.table is not None:
+            _mixed_precision(model, result.table, held_out, pre, shapes, target_cos, max_float_layers, output)
         if bmnet is not None and result.table is not None:
             _write_bmnet(model, result.table, parse_input_shapes(input_shape or []), bmnet)
         rate = result.samples / max(result.seconds, 1e-9)

@@ -359,6 +359,29 @@ def compare_model(
     return load_comparison(model, table, data, target, quant, calib_data).evaluate(float_layers)
 
 
+def held_out_qtable(
+    model: Path,
+    table: CalibrationTable,
+    held_out: Sequence[dict[str, np.ndarray]],
+    target: float,
+    qtable_path: Path,
+    max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
+    input_shapes: InputShapes | None = None,
+) -> MixedResult:
+    """`npuc calibrate --target-cos`: the fewest cv18xx layers kept in bf16 for an output cosine >= `target`
+    on samples the thresholds never saw, written as a tpu-mlir qtable (empty when int8 reaches it alone)."""
+    from npuc.passes.qtable import write_qtable
+
+    mixed = auto_mixed(Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes), target,
+                       max_layers)  # fmt: skip
+    comments = [
+        f"npuc calibrate --target-cos {target}: {mixed.reason}",
+        f"held-out samples: {len(held_out)}; int8 output cosine {mixed.int8_cosine:.6f}",
+    ]
+    write_qtable(qtable_path, mixed.float_layers, "BF16", comments)  # not reached: the best found, said above
+    return mixed
+
+
 def _text(report: CompareReport, mixed: MixedResult | None) -> str:
     def row(a: Agreement) -> str:
         top1 = "" if a.top1_agreement is None else f"  top1 {a.top1_agreement:.3f}"

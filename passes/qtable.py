@@ -1,0 +1,54 @@
+"""tpu-mlir's mixed-precision qtable: which layers keep a float format instead of int8 (specs/quant.md §1.3).
+
+The text format: `#` comment lines (tpu-mlir writes `# op_name   quantize_mode`), then one `name MODE` per line,
+MODE one of F32, F16, BF16, INT8. `npuc calibrate --target-cos` writes one beside its table (`<table>.qtable`);
+`npuc build` reads it from there, or from `--qtable FILE`, and keeps its BF16 layers in bf16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_bytes, read_text_file
+
+MODES = ("F32", "F16", "BF16", "INT8")
+SUFFIX = ".qtable"
+HEADER = "# op_name   quantize_mode"
+MAX_BYTES = 16 << 20  # a qtable names layers; far larger is not one
+
+
+def beside(table_path: str | Path) -> Path:
+    """Where the qtable of a calibration table lives: `<table>.qtable`."""
+    return Path(str(table_path) + SUFFIX)
+
+
+def read_qtable(path: str | Path) -> dict[str, str]:
+    """Layer name -> MODE, in file order; one-line errors name the file and line."""
+    path = Path(path)
+    text = read_text_file(path, "qtable", MAX_BYTES)
+    modes: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        if len(fields) != 2:
+            raise UserError(f"{where}: expected 'layer_name MODE', got {len(fields)} field(s)")
+        name, mode = fields
+        if mode.upper() not in MODES:
+            raise UserError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
+        if name in modes:
+            raise UserError(f"{where}: layer '{name}' is listed twice; keep one line per layer")
+        modes[name] = mode.upper()
+    return modes
+
+
+def format_qtable(names: Iterable[str], mode: str = "BF16", comments: Iterable[str] = ()) -> str:
+    lines = [*(f"# {c}" for c in comments), HEADER, *(f"{n} {mode}" for n in names)]
+    return "\n".join(lines) + "\n"
+
+
+def write_qtable(path: str | Path, names: Iterable[str], mode: str = "BF16", comments: Iterable[str] = ()) -> None:
+    atomic_write_bytes(Path(path), format_qtable(names, mode, comments).encode())

@@ -1,0 +1,118 @@
+"""Mixed precision through tpu-mlir's qtable: `npuc calibrate --target-cos` holds samples out, keeps the fewest
+layers in bf16 for the cosine and writes `<table>.qtable`; `npuc build --calib TABLE` reads it (or --qtable)
+and builds exactly what --float-layers with those names builds. A bad or foreign qtable is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from npuc.compiler.errors import UserError
+from npuc.models.make_models import make_model
+from npuc.passes.qtable import beside, format_qtable, read_qtable, write_qtable
+
+
+def _npuc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "npuc", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """tinycnn calibrated on 10 random samples (2 held out) for a cosine int8 alone cannot reach."""
+    folder = tmp_path_factory.mktemp("qtable")
+    model = folder / "tinycnn.onnx"
+    model.write_bytes(make_model("tinycnn").SerializeToString())
+    data = folder / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        np.save(data / f"{i}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    table = folder / "t.txt"
+    run = _npuc("calibrate", str(model), "--data", str(data), "-o", str(table), "--target-cos", "0.99999",
+                "--max-float-layers", "3")  # fmt: skip
+    return model, table, run
+
+
+def test_calibrate_writes_the_qtable_beside_the_table(calibrated) -> None:  # noqa: ANN001
+    model, table, run = calibrated
+    assert run.returncode == 0, run.stderr
+    assert "--target-cos 0.99999 on 2 held-out sample(s)" in run.stderr and f"wrote {beside(table)}" in run.stderr
+    text = beside(table).read_text()
+    assert text.splitlines()[2] == "# op_name   quantize_mode"  # tpu-mlir's header, after npuc's two comments
+    layers = read_qtable(beside(table))
+    assert 1 <= len(layers) <= 3 and set(layers.values()) == {"BF16"}
+    assert ("NOT reached" in run.stderr) == ("not reached" in text)
+    assert "sample number: 8" in table.read_text()  # the thresholds saw only the other 8
+
+
+def test_build_reads_it_and_equals_float_layers(calibrated, tmp_path: Path) -> None:  # noqa: ANN001
+    model, table, _ = calibrated
+    layers = list(read_qtable(beside(table)))
+    auto = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(table), "-o", str(tmp_path / "a.cvimodel"),
+                 "--json")  # fmt: skip
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["qtable_bf16_layers"] == layers
+    explicit = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(table), "--qtable", str(beside(table)),
+                     "-o", str(tmp_path / "b.cvimodel"))  # fmt: skip
+    assert explicit.returncode == 0 and f"note: {len(layers)} layer(s) kept in bf16 by" in explicit.stdout
+    # the same as naming the layers by hand, with the qtable moved away
+    moved = tmp_path / "t.txt"
+    moved.write_bytes(table.read_bytes())
+    by_hand = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(moved), "--float-layers",
+                    ",".join(layers), "-o", str(tmp_path / "c.cvimodel"))  # fmt: skip
+    assert by_hand.returncode == 0, by_hand.stderr
+    data = [(tmp_path / n).read_bytes() for n in ("a.cvimodel", "b.cvimodel", "c.cvimodel")]
+    assert data[0] == data[1] == data[2]
+
+
+def test_a_target_without_float_fallback(calibrated, tmp_path: Path) -> None:  # noqa: ANN001
+    model, table, _ = calibrated
+    noted = _npuc("build", str(model), "--target", "bm1880", "--calib", str(table), "-o", str(tmp_path / "m.bmodel"))
+    assert noted.returncode == 0 and f"{beside(table)} not used: target 'bm1880'" in noted.stdout
+    refused = _npuc("build", str(model), "--target", "bm1880", "--calib", str(table), "--qtable", str(beside(table)),
+                    "-o", str(tmp_path / "n.bmodel"))  # fmt: skip
+    assert refused.returncode == 2 and "--qtable is not used by target 'bm1880'" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("# op_name   quantize_mode\nnosuch BF16\n", "layer 'nosuch' (1 of 1) matches no op or tensor"),
+        ("relu_9 F32\n", "mode F32 has no cv18xx form"),
+        ("relu_9 BF16 extra\n", ":1: expected 'layer_name MODE', got 3 field(s)"),
+        ("relu_9 FP8\n", ":1: mode 'FP8' is not one of F32, F16, BF16, INT8"),
+        ("# x\nrelu_9 BF16\nrelu_9 INT8\n", ":3: layer 'relu_9' is listed twice"),
+    ],
+)
+def test_bad_qtables_are_one_line(calibrated, tmp_path: Path, content: str, message: str) -> None:  # noqa: ANN001
+    model, table, _ = calibrated
+    qtable = tmp_path / "q.qtable"
+    qtable.write_text(content)
+    run = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(table), "--qtable", str(qtable),
+                "-o", str(tmp_path / "m.cvimodel"))  # fmt: skip
+    assert run.returncode == 2 and message in run.stderr and run.stderr.count("\n") == 1, run.stderr
+    assert not (tmp_path / "m.cvimodel").exists()
+
+
+def test_reader_and_writer(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    write_qtable(path, ["a", "b/c"], comments=["made by a test"])
+    assert path.read_text() == format_qtable(["a", "b/c"], comments=["made by a test"])
+    assert read_qtable(path) == {"a": "BF16", "b/c": "BF16"}
+    (tmp_path / "bin").write_bytes(b"\xff\xfe")
+    with pytest.raises(UserError, match="not UTF-8"):
+        read_qtable(tmp_path / "bin")
+    with pytest.raises(UserError, match="cannot read qtable"):
+        read_qtable(tmp_path / "missing")
+
+
+def test_target_cos_needs_held_out_samples(calibrated, tmp_path: Path) -> None:  # noqa: ANN001
+    model, _, _ = calibrated
+    np.save(tmp_path / "one.npy", np.zeros((1, 3, 32, 32), np.float32))
+    run = _npuc("calibrate", str(model), "--data", str(tmp_path / "one.npy"), "-o", str(tmp_path / "t"),
+                "--target-cos", "0.99")  # fmt: skip
+    assert run.returncode == 2 and "--target-cos needs at least 2 samples" in run.stderr
