@@ -94,23 +94,46 @@ def _hold_out(files: list[Path]) -> tuple[list[Path], list[Path]]:
     return files[:-count], files[-count:]
 
 
-def _mixed_precision(model: Path, table: CalibrationTable, held_out: list[Path], pre: Preprocess, shapes: dict,
-                     target: float, max_layers: int, output: Path) -> None:  # fmt: skip
-    from npuc.compiler.commands.compare import held_out_qtable
-    from npuc.passes.calibrate import plan_calibration
-    from npuc.passes.preprocess import load_sample
-    from npuc.passes.qtable import beside
+def _write_qtable(model: Path, table: CalibrationTable, output: Path, shapes: dict, patterns: bool,
+                  held_out: list[Path], pre: Preprocess, target: float | None, max_layers: int) -> None:  # fmt: skip
+    """`<output>.qtable`: the layers the float patterns keep, plus those --target-cos finds; a stale one from an
+    earlier table is removed. Always said on stderr: it decides what `npuc build --calib` does."""
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.float_patterns import pattern_layers
+    from npuc.passes.qtable import beside, write_qtable
 
-    inputs = plan_calibration(model, shapes or None).inputs
-    feeds = [load_sample(p, inputs, pre) for p in held_out]
-    mixed = held_out_qtable(model, table, feeds, target, beside(output), max_layers, shapes or None)
-    layers = ", ".join(mixed.float_layers[:6]) + (", ..." if len(mixed.float_layers) > 6 else "")
-    verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
-    typer.echo(  # always shown, unlike the progress notes: it decides what the build does
-        f"npuc: note: --target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
-        f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({layers})' if layers else ''}; wrote {beside(output)}",
-        err=True,
-    )
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    found = pattern_layers(graph) if patterns else {}
+    base = list(dict.fromkeys(n for layers in found.values() for n in layers))
+    comments = [f"npuc calibrate: the {name} pattern keeps {len(layers)} layer(s) in float"
+                for name, layers in found.items()]  # fmt: skip
+    lines = [f"{c.removeprefix('npuc calibrate: ')}" for c in comments]
+    chosen: list[str] = []
+    if held_out:
+        from npuc.compiler.commands.compare import held_out_search
+        from npuc.passes.calibrate import plan_calibration
+        from npuc.passes.preprocess import load_sample
+
+        inputs = plan_calibration(model, shapes or None).inputs
+        feeds = [load_sample(p, inputs, pre) for p in held_out]
+        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base)
+        chosen = mixed.float_layers
+        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
+        shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
+        comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
+        lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
+                     f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
+    path = beside(output)
+    if base or held_out:
+        write_qtable(path, [*base, *chosen], "BF16", comments)
+        lines.append(f"wrote {path}")
+    elif path.exists():
+        path.unlink()
+        lines.append(f"removed {path}, made for an earlier table")
+    for line in lines:
+        typer.echo(f"npuc: note: {line}", err=True)
 
 
 def _write_bmnet(model: Path, table: CalibrationTable, shapes: dict, path: Path) -> None:
@@ -214,6 +237,13 @@ def register(app: typer.Typer) -> None:
         max_float_layers: Annotated[
             int, typer.Option("--max-float-layers", help="Bound of the --target-cos search.")
         ] = DEFAULT_MAX_FLOAT_LAYERS,
+        float_patterns: Annotated[
+            bool,
+            typer.Option(
+                "--float-patterns/--no-float-patterns",
+                help="Keep the layers known to need float (a detector's decode) in TABLE.qtable, as tpu-mlir does.",
+            ),
+        ] = True,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         if (refine or split_channels > 1) and output is None:
@@ -279,8 +309,8 @@ def register(app: typer.Typer) -> None:
                     f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: "
                     f"{side_file(output)}"
                 )
-        if held_out and result.table is not None:
-            _mixed_precision(model, result.table, held_out, pre, shapes, target_cos, max_float_layers, output)
+            _write_qtable(model, result.table, output, shapes, float_patterns, held_out, pre, target_cos,
+                          max_float_layers)  # fmt: skip
         if bmnet is not None and result.table is not None:
             _write_bmnet(model, result.table, parse_input_shapes(input_shape or []), bmnet)
         rate = result.samples / max(result.seconds, 1e-9)

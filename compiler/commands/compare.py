@@ -265,27 +265,35 @@ class Comparison:
         return loss
 
 
-def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS) -> MixedResult:
-    """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring."""
+def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
+               base: Sequence[str] = ()) -> MixedResult:  # fmt: skip
+    """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
+    `base`: layers in float from the start (a pattern's), not counted among those chosen."""
+
+    def evaluate(layers: Iterable[str] = ()) -> CompareReport:
+        return comparison.evaluate([*base, *layers])
+
     if not 0.0 < target <= 1.0:
         raise UserError(f"--auto-mixed {target}: a cosine target must be in (0, 1], e.g. 0.99")
     if max_layers < 1:
         raise UserError(f"--max-float-layers {max_layers} must be at least 1")
-    base = comparison.evaluate()
+    base_report = evaluate()
     evaluations = 1
-    if base.output_cosine >= target:
-        return MixedResult(target, True, [], base.output_cosine, None, base, evaluations, "int8 already reaches it")
-    candidates = base.int8_layers
-    every = comparison.evaluate(candidates)
+    if base_report.output_cosine >= target:
+        reason = "int8 already reaches it"
+        return MixedResult(target, True, [], base_report.output_cosine, None, base_report, evaluations, reason)
+    candidates = base_report.int8_layers
+    every = evaluate(candidates)
     evaluations += 1
     if every.output_cosine < target:
         reason = (
             f"unreachable: even all {len(candidates)} int8 layers in float give output cosine "
             f"{every.output_cosine:.6f} < {target}"
         )
-        return MixedResult(target, False, [], base.output_cosine, every.output_cosine, base, evaluations, reason)
+        return MixedResult(target, False, [], base_report.output_cosine, every.output_cosine, base_report,
+                           evaluations, reason)  # fmt: skip
     chosen: list[str] = []
-    report, tried = base, set()
+    report, tried = base_report, set()
     budget = 3 * max_layers  # evaluations the greedy phase may spend
     while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
         loss = comparison.local_loss(report)
@@ -297,7 +305,7 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         unit = [n for n in comparison.unit(pick) if n not in chosen]
         if len(chosen) + len(unit) > max_layers:
             continue
-        trial = comparison.evaluate(chosen + unit)
+        trial = evaluate(chosen + unit)
         evaluations, budget = evaluations + 1, budget - 1
         if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
             chosen += unit
@@ -307,15 +315,17 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
             f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
             f"{report.output_cosine:.6f} < {target} (all int8 layers in float give {every.output_cosine:.6f})"
         )
-        return MixedResult(target, False, chosen, base.output_cosine, every.output_cosine, report, evaluations, reason)
+        return MixedResult(target, False, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
+                           reason)  # fmt: skip
     for name in list(chosen) if len(chosen) > 1 else []:  # re-check: drop what the others made unnecessary
-        trial = comparison.evaluate([n for n in chosen if n != name])
+        trial = evaluate([n for n in chosen if n != name])
         evaluations += 1
         if trial.output_cosine >= target:
             chosen.remove(name)
             report = trial
     reason = f"{len(chosen)} float layer(s) reach {report.output_cosine:.6f} >= {target}"
-    return MixedResult(target, True, chosen, base.output_cosine, every.output_cosine, report, evaluations, reason)
+    return MixedResult(target, True, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
+                       reason)  # fmt: skip
 
 
 def _scheme(target: str, quant: str) -> str:
@@ -359,27 +369,19 @@ def compare_model(
     return load_comparison(model, table, data, target, quant, calib_data).evaluate(float_layers)
 
 
-def held_out_qtable(
+def held_out_search(
     model: Path,
     table: CalibrationTable,
     held_out: Sequence[dict[str, np.ndarray]],
     target: float,
-    qtable_path: Path,
     max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
     input_shapes: InputShapes | None = None,
+    base: Sequence[str] = (),
 ) -> MixedResult:
-    """`npuc calibrate --target-cos`: the fewest cv18xx layers kept in bf16 for an output cosine >= `target`
-    on samples the thresholds never saw, written as a tpu-mlir qtable (empty when int8 reaches it alone)."""
-    from npuc.passes.qtable import write_qtable
-
-    mixed = auto_mixed(Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes), target,
-                       max_layers)  # fmt: skip
-    comments = [
-        f"npuc calibrate --target-cos {target}: {mixed.reason}",
-        f"held-out samples: {len(held_out)}; int8 output cosine {mixed.int8_cosine:.6f}",
-    ]
-    write_qtable(qtable_path, mixed.float_layers, "BF16", comments)  # not reached: the best found, said above
-    return mixed
+    """`npuc calibrate --target-cos`: the fewest cv18xx layers to keep in bf16, besides `base`, for an output
+    cosine >= `target` on samples the thresholds never saw."""
+    comparison = Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes)
+    return auto_mixed(comparison, target, max_layers, base)
 
 
 def _text(report: CompareReport, mixed: MixedResult | None) -> str:

@@ -2,9 +2,9 @@
 softmax as the runtime's CPU softmax between two TPU routines. bf16 and int8 builds run on the vendor simulator
 with the same bits as `npuc run`; the outputs are compared with onnxruntime.
 
-The int8 build keeps the box/score decode tail (from the head's first concat on) in bf16, as a deployment
-would: boxes (0..320) and class scores (0..1) share one int8 scale at the final concat otherwise, and a KL
-threshold of that concat clips the boxes.
+The int8 build keeps the box/score decode in bf16, as `npuc calibrate` does by default (its float pattern,
+passes/float_patterns.py): boxes (0..320) and class scores (0..1) share one int8 scale at the final concat
+otherwise, and a KL threshold of that concat clips the boxes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from metrics import cosine
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.images import model_inputs
+from npuc.passes.float_patterns import detection_decode
 
 from .cv18xx_build_util import build, float_graph, real_model_shapes, real_model_table
 from .cv18xx_sim import run_vendor
@@ -27,10 +28,8 @@ MIN_COSINE = {"bf16": 0.9999, "int8": 0.995}
 
 
 def decode_tail(model: Path) -> list[str]:
-    """The ops of the detection head's decode, from its first concat (boxes and scores per level) on."""
-    ops = float_graph(model, real_model_shapes(NAME)).ops
-    first = next(i for i, op in enumerate(ops) if op.name.startswith("/model.22/Concat"))
-    return [op.name for op in ops[first:]]
+    """The ops of the detection head's decode, as the default calibration's qtable lists them."""
+    return detection_decode(float_graph(model, real_model_shapes(NAME)))
 
 
 @pytest.fixture(scope="module")

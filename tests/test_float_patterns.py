@@ -1,0 +1,71 @@
+"""The float patterns calibration applies by default (passes/float_patterns.py), as tpu-mlir's pattern-match
+qtable does: a detector's decode stays bf16, and the default calibrate -> build of YOLOv8n reaches the float
+model where plain int8 does not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from metrics import cosine
+from npuc import api
+from npuc.frontends.onnx import import_onnx
+from npuc.models.fetch import get_model
+from npuc.models.images import model_inputs
+from npuc.passes.canonicalize import canonicalize
+from npuc.passes.float_patterns import detection_decode, pattern_layers
+from npuc.passes.qtable import beside, read_qtable
+
+
+def _graph(path: Path, name: str):  # noqa: ANN202
+    spec = get_model(name)
+    graph = import_onnx(path, {spec.input_name: spec.input_shape})
+    canonicalize(graph)
+    return graph
+
+
+def test_yolov8_decode_from_the_level_concat(real_model) -> None:  # noqa: ANN001
+    graph = _graph(real_model("yolov8n_320"), "yolov8n_320")
+    layers = detection_decode(graph)
+    by_name = {op.name: op for op in graph.ops}
+    first = by_name[layers[0]]
+    assert first.kind == "concat" and len(first.inputs) == 3  # the three levels, flattened
+    assert {graph.shape(n)[2] for n in first.inputs} == {1600, 400, 100}
+    assert len(layers) == 18 and graph.outputs[0] in by_name[layers[-1]].outputs
+    assert {by_name[n].kind for n in layers} >= {"softmax", "split", "concat", "activation"}
+
+
+@pytest.mark.parametrize("name", ["picodet_layout", "pplcnet_orientation", "ppocrv6_rec_tiny", "mtcnn_rnet"])
+def test_other_models_have_no_pattern(real_model, name: str) -> None:  # noqa: ANN001
+    assert pattern_layers(_graph(real_model(name), name)) == {}
+
+
+def test_default_calibrate_and_build_reach_the_float_yolov8(real_model, tmp_path: Path) -> None:  # noqa: ANN001
+    model = real_model("yolov8n_320")
+    feeds = model_inputs("yolov8n_320", 10)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, feed in enumerate(feeds[:8]):
+        np.savez(data / f"{i}.npz", **feed)
+    table = tmp_path / "t.txt"
+    shape = ["--input-shape", "images:1,3,320,320"]
+    run = subprocess.run([sys.executable, "-m", "npuc", "calibrate", str(model), "--data", str(data), "-o", str(table),
+                          *shape], capture_output=True, text=True, check=False)  # fmt: skip
+    assert run.returncode == 0 and "the detection decode pattern keeps 18 layer(s) in float" in run.stderr
+    assert len(read_qtable(beside(table))) == 18
+    out = tmp_path / "yolo.cvimodel"
+    result = api.build(model, "cv18xx", out, calib=table, input_shapes=shape[1:])
+    assert len(result.summary["qtable_bf16_layers"]) == 18
+    session = ort.InferenceSession(str(model))
+    for feed in feeds[8:]:  # photos the calibration did not see; plain int8 measures 0.89-0.91 here
+        want = session.run(None, feed)[0]
+        got = api.run(out, feed)["output0"]
+        assert cosine(np.asarray(got).reshape(want.shape), want) >= 0.998
+    # opting out leaves plain int8, and takes the earlier qtable away
+    run = subprocess.run([sys.executable, "-m", "npuc", "calibrate", str(model), "--data", str(data), "-o", str(table),
+                          *shape, "--no-float-patterns"], capture_output=True, text=True, check=False)  # fmt: skip
+    assert run.returncode == 0 and f"removed {beside(table)}" in run.stderr and not beside(table).exists()
