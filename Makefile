@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/calibrate.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/cv18xx.py
+	$(BIN)/python bench/coverage.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,16 +1,16 @@
 """npuc: a multi-target NPU model compiler (ONNX in, vendor NPU artifact out).
 
 The Python API (api.py) is available from the package: `npuc.build`, `npuc.inspect`, `npuc.run`,
-`npuc.check` (which ops a target cannot run); bad input
+`npuc.check` (which ops a target cannot run), `npuc.calibrate` / `npuc.merge_calibration`; bad input
 raises `npuc.UserError`. It is imported on first use, so `import npuc` stays cheap.
 """
 
 __version__ = "0.1.0"
-__all__ = ["UserError", "__version__", "build", "check", "inspect", "run"]
+__all__ = ["UserError", "__version__", "build", "calibrate", "check", "inspect", "merge_calibration", "run"]
 
 
 def __getattr__(name: str):
-    if name in ("build", "check", "inspect", "run"):
+    if name in ("build", "calibrate", "check", "inspect", "merge_calibration", "run"):
         from npuc import api
 
         return getattr(api, name)

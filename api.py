@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,207 @@ def _probe_table(model: Path, shapes: dict | None, folder: Path) -> Path:
     result = calibrate(model, [folder / "probe.npz"], options=CalibrationOptions(method="max"), input_shapes=shapes)
     write_table(result.table, folder / "probe_table.txt")
     return folder / "probe_table.txt"
+
+
+@dataclass
+class Calibrated:
+    """What `calibrate` did: the run's result, and what to tell the user (`notes` always, `details` on a
+    terminal)."""
+
+    result: Any  # passes.calibrate.CalibrationResult
+    notes: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+
+HELD_OUT_SHARE = 5  # --target-cos measures on the last fifth of the samples (at least one)
+
+
+def calibrate(
+    model: str | Path,
+    data: Sequence[str | Path],
+    output: str | Path | None = None,
+    *,
+    method: str = "kl",
+    percentile: float = 99.99,
+    batch: int = 1,
+    bins: int | None = None,
+    tune: int = 0,
+    refine: str = "",
+    refine_samples: int = 100,
+    split_channels: int = 0,
+    preprocess: Any = None,
+    input_shapes: InputShapes = None,
+    samples: int | None = None,
+    ranges: str | Path | None = None,
+    range_only: bool = False,
+    save_stats: str | Path | None = None,
+    bmnet: str | Path | None = None,
+    jobs: int | None = None,
+    ray: str | None = None,
+    target_cos: float | None = None,
+    max_float_layers: int | None = None,
+    float_patterns: bool = True,
+    progress: Any = None,
+) -> Calibrated:
+    """Calibrate `model` on `data` (folders, sample files, .txt lists) and write what `npuc calibrate` writes:
+    the tpu-mlir table at `output`, `<output>.refine.npz` (`refine`, `split_channels`), `<output>.qtable` (the
+    float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`)."""
+    from npuc.compiler.commands.compare import DEFAULT_MAX_FLOAT_LAYERS
+    from npuc.passes import calibrate as calib
+    from npuc.passes.calitable import write_table
+    from npuc.passes.histogram import DEFAULT_BINS, load_stats
+    from npuc.passes.histogram import save_stats as write_stats
+    from npuc.passes.preprocess import Preprocess, list_samples
+    from npuc.passes.refinement import Refinement, save_refinement, side_file
+
+    model = Path(model)
+    output, save_stats, bmnet = (Path(p) if p is not None else None for p in (output, save_stats, bmnet))
+    if (refine or split_channels > 1) and output is None:
+        raise UserError("--refine / --split-channels write a file beside the table; give -o TABLE")
+    if output is None and save_stats is None and bmnet is None:
+        raise UserError("nothing to write; give -o TABLE, --bmnet TABLE and/or --save-stats FILE")
+    if range_only and (save_stats is None or output is not None):
+        raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
+    _check_folders((output, "-o"), (save_stats, "--save-stats"), (bmnet, "--bmnet"))
+    options = calib.CalibrationOptions(
+        method=method, percentile=percentile, batch=batch, bins=bins or DEFAULT_BINS, tune=tune, refine=refine,
+        refine_samples=refine_samples, split_channels=split_channels,
+    )  # fmt: skip
+    pre = preprocess or Preprocess()
+    shapes = _as_shape_dict(input_shapes)
+    done = Calibrated(None)
+    held_out: list[Path] = []
+    if target_cos is not None:
+        if output is None or refine or split_channels > 1 or range_only:
+            raise UserError("--target-cos searches over a plain table: give -o TABLE, without --refine, "
+                            "--split-channels or --range-only")  # fmt: skip
+        files = list_samples(data, samples)
+        if len(files) < 2:
+            raise UserError(f"--target-cos needs at least 2 samples (one to calibrate, one to measure); "
+                            f"found {len(files)}")  # fmt: skip
+        count = max(1, len(files) // HELD_OUT_SHARE)
+        data, held_out, samples = files[:-count], files[-count:], None
+    result = calib.calibrate(
+        model, data, pre, options, input_shapes=shapes, limit=samples,
+        ranges=load_stats(ranges) if ranges is not None else None, range_only=range_only,
+        keep_histograms=save_stats is not None, progress=progress, jobs=jobs, ray_address=ray,
+    )  # fmt: skip
+    done.result = result
+    if samples is not None and result.samples < samples:
+        done.notes.append(f"--samples {samples} but only {result.samples} found; used all")
+    if result.skipped:  # tensors a converter created: no row in the table
+        shown = ", ".join(result.skipped[:5]) + (", ..." if len(result.skipped) > 5 else "")
+        done.notes.append(f"{len(result.skipped)} IR tensor(s) have no ONNX tensor to observe: {shown}")
+    if save_stats is not None:
+        write_stats(result.stats, save_stats)
+    if output is not None and result.table is not None:
+        write_table(result.table, output)
+        constants = result.refinement.constants if result.refinement is not None else {}
+        if constants or result.groupings:
+            save_refinement(side_file(output), Refinement(constants, result.groupings))
+            done.details.append(
+                f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: {side_file(output)}"
+            )
+        done.notes += _write_qtable(model, result.table, output, shapes, float_patterns, held_out, pre, target_cos,
+                                    max_float_layers or DEFAULT_MAX_FLOAT_LAYERS)  # fmt: skip
+    if bmnet is not None and result.table is not None:
+        _write_bmnet(model, result.table, shapes, bmnet)
+    rate = result.samples / max(result.seconds, 1e-9)
+    done.details.append(
+        f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
+        f"({options.method_label()}, {rate:.1f} samples/s)"
+    )
+    return done
+
+
+def merge_calibration(
+    stats: Sequence[str | Path],
+    output: str | Path | None = None,
+    *,
+    save_stats: str | Path | None = None,
+    method: str = "kl",
+    percentile: float = 99.99,
+) -> Any:
+    """`npuc calibrate merge`: shards' statistics into one table (the single run's) and/or one statistics file.
+    Returns the table (None when only statistics are written)."""
+    from npuc.passes.calibrate import CalibrationOptions, merge_stats_files, stats_to_table
+    from npuc.passes.calitable import write_table
+    from npuc.passes.histogram import save_stats as write_stats
+
+    output, save_stats = (Path(p) if p is not None else None for p in (output, save_stats))
+    if output is None and save_stats is None:
+        raise UserError("nothing to write; give -o TABLE and/or --save-stats FILE")
+    _check_folders((output, "-o"), (save_stats, "--save-stats"))
+    merged = merge_stats_files(stats)
+    if save_stats is not None:
+        write_stats(merged, save_stats)
+    if output is None:
+        return None
+    table = stats_to_table(merged, CalibrationOptions(method=method, percentile=percentile, bins=merged.bins))
+    write_table(table, output)
+    return table
+
+
+def _check_folders(*outputs: tuple[Path | None, str]) -> None:
+    """Fail before hours of calibration rather than after, when an output cannot be written."""
+    for path, flag in outputs:
+        if path is not None and not path.resolve().parent.is_dir():
+            raise UserError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path")
+
+
+def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, patterns: bool, held_out: list[Path],
+                  pre: Any, target: float | None, max_layers: int) -> list[str]:  # fmt: skip
+    """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds; a stale one from an
+    earlier table is removed. Returns the lines to say: the qtable decides what `npuc build --calib` does."""
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.float_patterns import pattern_layers
+    from npuc.passes.qtable import beside, write_qtable
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    found = pattern_layers(graph) if patterns else {}
+    base = list(dict.fromkeys(n for layers in found.values() for n in layers))
+    lines = [f"the {name} pattern keeps {len(layers)} layer(s) in float" for name, layers in found.items()]
+    comments = [f"npuc calibrate: {line}" for line in lines]
+    chosen: list[str] = []
+    if held_out:
+        from npuc.compiler.commands.compare import held_out_search
+        from npuc.passes.calibrate import plan_calibration
+        from npuc.passes.preprocess import load_sample
+
+        inputs = plan_calibration(model, shapes or None).inputs
+        feeds = [load_sample(p, inputs, pre) for p in held_out]
+        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base)
+        chosen = mixed.float_layers
+        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
+        shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
+        comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
+        comments.append(f"int8 output cosine on them {mixed.int8_cosine:.6f}")
+        lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
+                     f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
+    path = beside(output)
+    if base or held_out:
+        write_qtable(path, [*base, *chosen], "BF16", comments)
+        lines.append(f"wrote {path}")
+    elif path.exists():
+        path.unlink()
+        lines.append(f"removed {path}, made for an earlier table")
+    return lines
+
+
+def _write_bmnet(model: Path, table: Any, shapes: dict, path: Path) -> None:
+    """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
+    import onnx
+    from npuc.backends.bm1880.export_table import export_bmnet_table
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibrate import tensor_table_names
+    from npuc.passes.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    names = tensor_table_names(onnx.load(str(model), load_external_data=False))
+    export_bmnet_table(graph, table.thresholds(), path, names)
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------

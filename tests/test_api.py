@@ -68,3 +68,25 @@ def test_version_and_lazy_import() -> None:
     probe = "import sys, npuc; print('npuc.api' in sys.modules, 'onnx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]  # `import npuc` loads nothing heavy until the API is used
+
+
+def test_api_calibrate_writes_the_cli_table(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import npuc
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")  # the table's header carries a time
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(6):
+        np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    cli, api = tmp_path / "cli.txt", tmp_path / "api.txt"
+    run = _cli("calibrate", str(model), "--data", str(data), "-o", str(cli), "--save-stats", str(tmp_path / "c.npz"))
+    assert run.returncode == 0, run.stderr
+    done = npuc.calibrate(model, [data], api, save_stats=tmp_path / "a.npz", method="kl")
+    assert cli.read_text() == api.read_text() and done.result.samples == 6 and done.result.table is not None
+    assert any("calibrated" in line for line in done.details)
+    merged = npuc.merge_calibration([tmp_path / "a.npz"], tmp_path / "m.txt")
+    assert (tmp_path / "m.txt").read_text() == api.read_text() and merged is not None
+    with pytest.raises(npuc.UserError, match="nothing to write"):
+        npuc.calibrate(model, [data])
+    with pytest.raises(npuc.UserError, match="--target-cos needs at least 2 samples"):
+        npuc.calibrate(model, [data / "0.npy"], tmp_path / "t.txt", target_cos=0.99)

@@ -24,13 +24,8 @@ from typing import Annotated
 
 import typer
 from npuc.compiler.commands.compare import DEFAULT_MAX_FLOAT_LAYERS
-from npuc.compiler.errors import UserError
-from npuc.frontends.onnx import parse_input_shapes
-from npuc.passes.calibrate import CalibrationOptions, calibrate, merge_stats_files, stats_to_table
-from npuc.passes.calitable import CalibrationTable, write_table
-from npuc.passes.histogram import DEFAULT_BINS, load_stats, save_stats
-from npuc.passes.preprocess import Preprocess, list_samples, parse_floats, parse_hw
-from npuc.passes.refinement import Refinement, save_refinement, side_file
+from npuc.passes.histogram import DEFAULT_BINS
+from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
 from typer.core import TyperGroup
 
 DEFAULT_COMMAND = "run"
@@ -44,12 +39,6 @@ class DefaultCommandGroup(TyperGroup):
         if args and args[0] not in self.commands and args[0] not in HELP_FLAGS:
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
-
-
-def _check_output(path: Path | None, option: str) -> None:
-    """Fail before hours of calibration rather than after, when an output cannot be written."""
-    if path is not None and not path.resolve().parent.is_dir():
-        raise UserError(f"{option} {path}: folder {path.parent} does not exist; create it or choose another path")
 
 
 def _progress_factory() -> tuple[Callable[[str, int], Callable[[int], None]], object | None]:
@@ -81,73 +70,6 @@ def _note(message: str) -> None:
 
 
 METHOD_HELP = "Threshold method: kl (tpu-mlir's default), max, percentile, mse."
-
-
-HELD_OUT_SHARE = 5  # --target-cos measures on every 5th sample's worth, taken from the end of the list
-
-
-def _hold_out(files: list[Path]) -> tuple[list[Path], list[Path]]:
-    """(calibration samples, held-out samples): the last fifth (at least one) is held out."""
-    if len(files) < 2:
-        raise UserError(f"--target-cos needs at least 2 samples (one to calibrate, one to measure); found {len(files)}")
-    count = max(1, len(files) // HELD_OUT_SHARE)
-    return files[:-count], files[-count:]
-
-
-def _write_qtable(model: Path, table: CalibrationTable, output: Path, shapes: dict, patterns: bool,
-                  held_out: list[Path], pre: Preprocess, target: float | None, max_layers: int) -> None:  # fmt: skip
-    """`<output>.qtable`: the layers the float patterns keep, plus those --target-cos finds; a stale one from an
-    earlier table is removed. Always said on stderr: it decides what `npuc build --calib` does."""
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.float_patterns import pattern_layers
-    from npuc.passes.qtable import beside, write_qtable
-
-    graph = import_onnx(model, shapes or None, [])
-    canonicalize(graph)
-    found = pattern_layers(graph) if patterns else {}
-    base = list(dict.fromkeys(n for layers in found.values() for n in layers))
-    comments = [f"npuc calibrate: the {name} pattern keeps {len(layers)} layer(s) in float"
-                for name, layers in found.items()]  # fmt: skip
-    lines = [f"{c.removeprefix('npuc calibrate: ')}" for c in comments]
-    chosen: list[str] = []
-    if held_out:
-        from npuc.compiler.commands.compare import held_out_search
-        from npuc.passes.calibrate import plan_calibration
-        from npuc.passes.preprocess import load_sample
-
-        inputs = plan_calibration(model, shapes or None).inputs
-        feeds = [load_sample(p, inputs, pre) for p in held_out]
-        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base)
-        chosen = mixed.float_layers
-        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
-        shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
-        comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
-        lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
-                     f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
-    path = beside(output)
-    if base or held_out:
-        write_qtable(path, [*base, *chosen], "BF16", comments)
-        lines.append(f"wrote {path}")
-    elif path.exists():
-        path.unlink()
-        lines.append(f"removed {path}, made for an earlier table")
-    for line in lines:
-        typer.echo(f"npuc: note: {line}", err=True)
-
-
-def _write_bmnet(model: Path, table: CalibrationTable, shapes: dict, path: Path) -> None:
-    """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
-    import onnx
-    from npuc.backends.bm1880.export_table import export_bmnet_table
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.calibrate import tensor_table_names
-    from npuc.passes.canonicalize import canonicalize
-
-    graph = import_onnx(model, shapes or None, [])
-    canonicalize(graph)
-    names = tensor_table_names(onnx.load(str(model), load_external_data=False))
-    export_bmnet_table(graph, table.thresholds(), path, names)
 
 
 def register(app: typer.Typer) -> None:
@@ -246,19 +168,8 @@ def register(app: typer.Typer) -> None:
         ] = True,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
-        if (refine or split_channels > 1) and output is None:
-            raise UserError("--refine / --split-channels write a file beside the table; give -o TABLE")
-        if output is None and save_stats_path is None and bmnet is None:
-            raise UserError("nothing to write; give -o TABLE, --bmnet TABLE and/or --save-stats FILE")
-        if range_only and (save_stats_path is None or output is not None):
-            raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
-        _check_output(output, "-o")
-        _check_output(save_stats_path, "--save-stats")
-        _check_output(bmnet, "--bmnet")
-        options = CalibrationOptions(
-            method=method, percentile=percentile, batch=batch, bins=bins, tune=tune, refine=refine,
-            refine_samples=refine_samples, split_channels=split_channels,
-        )  # fmt: skip
+        from npuc import api
+
         pre = Preprocess(
             mean=parse_floats(mean, "--mean"),
             scale=parse_floats(scale, "--scale"),
@@ -266,58 +177,19 @@ def register(app: typer.Typer) -> None:
             resize=parse_hw(resize) if resize else None,
             layout=layout,
         )
-        range_stats = load_stats(ranges) if ranges is not None else None
-        shapes = parse_input_shapes(input_shape or [])
-        held_out: list[Path] = []
-        if target_cos is not None:
-            if output is None or refine or split_channels > 1 or range_only:
-                raise UserError("--target-cos searches over a plain table: give -o TABLE, without --refine, "
-                                "--split-channels or --range-only")  # fmt: skip
-            data, held_out = _hold_out(list_samples(data, samples))
-            samples = None
         progress, bar = _progress_factory()
         with bar or nullcontext():
-            result = calibrate(
-                model,
-                data,
-                pre,
-                options,
-                input_shapes=shapes,
-                limit=samples,
-                ranges=range_stats,
-                range_only=range_only,
-                keep_histograms=save_stats_path is not None,
-                progress=progress,
-                jobs=jobs,
-                ray_address=ray,
-            )
-        if samples is not None and result.samples < samples:
-            typer.echo(f"npuc: note: --samples {samples} but only {result.samples} found; used all", err=True)
-        if result.skipped:  # tensors a converter created: no row in the table
-            shown = ", ".join(result.skipped[:5]) + (", ..." if len(result.skipped) > 5 else "")
-            typer.echo(
-                f"npuc: note: {len(result.skipped)} IR tensor(s) have no ONNX tensor to observe: {shown}", err=True
-            )
-        if save_stats_path is not None:
-            save_stats(result.stats, save_stats_path)
-        if output is not None and result.table is not None:
-            write_table(result.table, output)
-            constants = result.refinement.constants if result.refinement is not None else {}
-            if constants or result.groupings:
-                save_refinement(side_file(output), Refinement(constants, result.groupings))
-                _note(
-                    f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: "
-                    f"{side_file(output)}"
-                )
-            _write_qtable(model, result.table, output, shapes, float_patterns, held_out, pre, target_cos,
-                          max_float_layers)  # fmt: skip
-        if bmnet is not None and result.table is not None:
-            _write_bmnet(model, result.table, parse_input_shapes(input_shape or []), bmnet)
-        rate = result.samples / max(result.seconds, 1e-9)
-        _note(
-            f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
-            f"({options.method_label()}, {rate:.1f} samples/s)"
-        )
+            done = api.calibrate(
+                model, data, output, method=method, percentile=percentile, batch=batch, bins=bins, tune=tune,
+                refine=refine, refine_samples=refine_samples, split_channels=split_channels, preprocess=pre,
+                input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
+                save_stats=save_stats_path, bmnet=bmnet, jobs=jobs, ray=ray, target_cos=target_cos,
+                max_float_layers=max_float_layers, float_patterns=float_patterns, progress=progress,
+            )  # fmt: skip
+        for line in done.notes:
+            typer.echo(f"npuc: note: {line}", err=True)
+        for line in done.details:
+            _note(line)
 
     @group.command("merge", no_args_is_help=True)
     def merge(
@@ -330,16 +202,8 @@ def register(app: typer.Typer) -> None:
         percentile: Annotated[float, typer.Option("--percentile", help="Percentile for --method percentile.")] = 99.99,
     ) -> None:
         """Merge statistics shards into one table (identical to a single run) or one statistics file."""
-        if output is None and save_stats_path is None:
-            raise UserError("nothing to write; give -o TABLE and/or --save-stats FILE")
-        _check_output(output, "-o")
-        _check_output(save_stats_path, "--save-stats")
-        merged = merge_stats_files(stats)
-        options = CalibrationOptions(method=method, percentile=percentile, bins=merged.bins)
-        table = stats_to_table(merged, options) if output is not None else None
-        if save_stats_path is not None:
-            save_stats(merged, save_stats_path)
-        if table is not None:
-            write_table(table, output)
+        from npuc import api
+
+        api.merge_calibration(stats, output, save_stats=save_stats_path, method=method, percentile=percentile)
 
     app.add_typer(group, name="calibrate")

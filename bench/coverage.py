@@ -1,0 +1,122 @@
+"""Real model x target: does it build, how close is it to onnxruntime, does the vendor simulator agree.
+
+    .venv/bin/python bench/coverage.py [--models yolov8n_320,picodet_layout] [--targets cv18xx,lyngor]
+
+For every real model of `npuc.models.fetch` (fetched into the cache on first use) and every target format:
+- `ops`: how many ops the target cannot run (`npuc.check`, a trial build per format); "model" when the model
+  as a whole does not build (its input, say);
+- `cos`: where it builds, the built artifact runs on npuc's simulator on one real picture the calibration did
+  not see (int8 formats: `npuc calibrate` defaults on 8 pictures, the qtable it writes included), and the
+  worst output cosine to onnxruntime is printed;
+- `vendor`: cv18xx only, whether the vendor's simulator gives the same bits (needs the pinned tpu-mlir wheel;
+  tests/vendor/cv18xx_sim.py fetches it), else "-".
+Slow models (PicoDet bf16 simulates ~11k TIU instructions) take a minute each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CALIBRATION_PICTURES = 8
+
+
+def _vendor():  # noqa: ANN202 - the harness module, or None when the simulator cannot be fetched here
+    sys.path.insert(0, str(ROOT / "tests" / "vendor"))
+    try:
+        import cv18xx_sim
+
+        cv18xx_sim.ensure_simulator()
+        return cv18xx_sim
+    except Exception as exc:  # noqa: BLE001 - reported, then the column reads "-"
+        print(f"vendor simulator unavailable ({exc}); the vendor column reads '-'", file=sys.stderr)
+        return None
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
+
+
+def _table(name: str, model: Path, shapes: list[str], folder: Path) -> Path:
+    """`npuc calibrate` with its defaults on the model's first pictures (writes the qtable too, if any)."""
+    from npuc.models.images import model_inputs
+
+    data = folder / "data"
+    data.mkdir(exist_ok=True)
+    for i, feed in enumerate(model_inputs(name, CALIBRATION_PICTURES)):
+        np.savez(data / f"{i}.npz", **feed)
+    table = folder / "table.txt"
+    cmd = [sys.executable, "-m", "npuc", "calibrate", str(model), "--data", str(data), "-o", str(table)]
+    subprocess.run([*cmd, *(a for s in shapes for a in ("--input-shape", s))], check=True, capture_output=True)
+    return table
+
+
+def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, str, str]]:  # noqa: ANN001
+    import npuc
+    import onnxruntime as ort
+    from npuc.compiler.targets import get_target
+    from npuc.models.fetch import fetch_model, get_model
+    from npuc.models.images import model_inputs
+
+    model, spec = fetch_model(name), get_model(name)
+    shapes = [f"{spec.input_name}:{','.join(map(str, spec.input_shape))}"]
+    feed = model_inputs(name, CALIBRATION_PICTURES + 1)[-1]
+    session = ort.InferenceSession(str(model))
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="npuc-coverage-") as scratch:
+        folder = Path(scratch)
+        table = None
+        for target in targets:
+            for (tname, quant), gaps in npuc.check(model, target, input_shapes=shapes).items():
+                if gaps:
+                    judged = [g for g in gaps if g.op is not None and g.judged]
+                    rows.append((name, tname, quant, str(len(judged)) if judged else "model", "-", "-"))
+                    continue
+                calib = None
+                if get_target(tname).uses_calib and quant == "int8":
+                    table = table or _table(name, model, shapes, folder)
+                    calib = table
+                out = folder / f"{tname}_{quant}"
+                result = npuc.build(model, tname, out, quant=quant, calib=calib, input_shapes=shapes)
+                artifact = out if out.is_dir() else result.artifacts[0]  # a folder target runs as the folder
+                try:
+                    got = npuc.run(artifact, feed)
+                except npuc.UserError as exc:
+                    rows.append((name, tname, quant, "0", f"no run: {exc}"[:40], "-"))
+                    continue
+                cos = min(_cosine(got[k], v) for k, v in want.items() if k in got)
+                same = "-"
+                if tname == "cv18xx" and vendor is not None:
+                    theirs = vendor.run_vendor(artifact, feed)
+                    same = "yes" if all(
+                        np.array_equal(np.asarray(got[k]).ravel().view(np.uint8), v.ravel().view(np.uint8))
+                        for k, v in theirs.items()
+                    ) else "NO"  # fmt: skip
+                rows.append((name, tname, quant, "0", f"{cos:.4f}", same))
+    return rows
+
+
+def main() -> None:
+    from npuc.models.fetch import REAL_MODELS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(REAL_MODELS))
+    parser.add_argument("--targets", default="cv18xx,bm1880,bpu,dmp,lyngor")
+    args = parser.parse_args()
+    vendor = _vendor() if "cv18xx" in args.targets.split(",") else None
+    print(f"{'model':<22} {'target':<8} {'format':<7} {'ops':>5} {'cos':>8} {'vendor':>7}")
+    for name in args.models.split(","):
+        for row in measure(name, args.targets.split(","), vendor):
+            print(f"{row[0]:<22} {row[1]:<8} {row[2]:<7} {row[3]:>5} {row[4]:>8} {row[5]:>7}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
