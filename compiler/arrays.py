@@ -66,7 +66,7 @@ def open_npz(path: Path) -> zipfile.ZipFile:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise UserError(f"{path}: file not found; check the path") from None
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as exc:
         raise CorruptFileError(f"{path}: not a readable .npz ({_short(exc)}); re-save it with numpy.savez") from None
     members = archive.infolist()
     declared = sum(m.file_size for m in members)

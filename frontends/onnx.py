@@ -175,6 +175,31 @@ MAX_CONSTANT_ELEMENTS = 1 << 28  # 1 GiB of float32: far above any weight; const
 _SHAPE_MAKERS = {"ConstantOfShape": 0, "Expand": 1}
 
 
+def _check_stored_values(graph: onnx.GraphProto) -> None:
+    """Every initializer and Constant decodes to its declared dims, every string attribute is UTF-8: a damaged
+    model fails here with the name of what is damaged, not deep inside onnx's helpers."""
+    tensors = [(f"initializer '{t.name}'", t) for t in graph.initializer]
+    for node in graph.node:
+        where = f"node '{node.name or (node.output[0] if node.output else '?')}' ({node.op_type})"
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                tensors.append((f"{where} attribute '{attr.name}'", attr.t))
+            for text in [attr.s, *attr.strings]:
+                try:
+                    text.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise UserError(
+                        f"{where}: attribute '{attr.name}' is not UTF-8 text; the model is damaged"
+                    ) from None
+    for where, tensor in tensors:
+        if external_data_helper.uses_external_data(tensor):
+            continue
+        try:
+            numpy_helper.to_array(tensor)
+        except (ValueError, TypeError, KeyError) as exc:  # dims that disagree with the data, an unknown data_type
+            raise UserError(f"{where}: its data does not decode ({_short(exc)}); the model is damaged") from None
+
+
 def _check_constant_budget(graph: onnx.GraphProto) -> None:
     """Refuse tensors that constant folding would have to allocate beyond MAX_CONSTANT_ELEMENTS, before any
     folding: a 150-byte model can ask for a ConstantOfShape of 1e11 elements."""
@@ -284,10 +309,19 @@ def convert(model: onnx.ModelProto) -> Graph:
     for node in model.graph.node:
         entry = find_converter(node.op_type, node.domain, opset)
         assert entry is not None, "check_supported runs first"
+        undefined = [name for name in node.input if name and name not in graph.tensors]
+        if undefined:
+            raise UserError(
+                f"node '{node.name or node.output[0]}' ({node.op_type}) reads '{undefined[0]}', which no input, "
+                "initializer or earlier node defines; the model is damaged or not topologically sorted"
+            )
         start = len(graph.ops)
         entry.fn(ConvertContext(graph, node, opset))
         fold_constant_ops(graph, graph.ops[start:])
     graph.outputs = [vi.name for vi in model.graph.output]
+    missing = [name for name in graph.outputs if name not in graph.tensors]
+    if missing:
+        raise UserError(f"graph output '{missing[0]}' is made by no node; the model is damaged")
     graph.verify()
     return graph
 
@@ -302,6 +336,7 @@ def import_model(
     if notes is not None:
         notes.extend(applied)
     _check_acyclic(model_copy.graph)
+    _check_stored_values(model_copy.graph)
     _check_constant_budget(model_copy.graph)
     try:
         model_copy = onnx.shape_inference.infer_shapes(model_copy, data_prop=True)

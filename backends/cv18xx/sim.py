@@ -211,7 +211,11 @@ def load_program(model: CviModel, inputs: dict[str, np.ndarray], program: int = 
         if name not in inputs:
             raise UserError(f"missing input {name!r}; the model expects {', '.join(prog.input_tensors)}")
         view = tensor_view(machine.gmem, tensors[name])
-        view[:] = np.asarray(inputs[name]).astype(view.dtype).reshape(-1)[: view.size]
+        value = np.asarray(inputs[name])
+        if value.size != view.size:
+            shape = "x".join(str(int(d)) for d in tensors[name].shape.dim)
+            raise UserError(f"input {name!r} has {value.size} elements; the model's tensor {shape} holds {view.size}")
+        view[:] = value.astype(view.dtype).reshape(-1)
     return machine
 
 

@@ -24,7 +24,10 @@ def cpu_quant(args: dict[str, Any], inputs: Sequence[np.ndarray], outs: Sequence
     """`quant`: float -> int8 as round-half-away-from-zero(x * scale), saturated."""
     if (args.get("from"), args.get("to")) != ("FP32", "INT8"):
         raise UnsupportedError(f"CPU quant from {args.get('from')} to {args.get('to')} is not simulated")
-    x = inputs[0].astype(np.float32) * np.float32(args["scale"])
+    scale = args.get("scale")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not np.isfinite(scale):
+        raise CorruptFileError(f"CPU quant: argument 'scale' is {scale!r}, not a finite number")
+    x = inputs[0].astype(np.float32) * np.float32(scale)
     rounded = np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
     return [np.clip(rounded, -128, 127).astype(outs[0][0]).reshape(outs[0][1])]
 

@@ -199,7 +199,43 @@ def _check_int(value: Any, where: str, limit: int) -> int:
     return value
 
 
+MAX_JSON_INT = 1 << 40  # beyond any offset, size or dimension a DV700 table holds
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {  # (record, field) -> the values the simulator knows
+    ("TensorBinding", "layout"): ("whc8", "hwc", "u8"),
+    ("TensorBinding", "dtype"): ("float16", "float32", "uint8"),
+    ("TensorBinding", "view"): ("nchw", "nhwc", "flat"),
+    ("Network", "weight_format"): ("fp16", "8bit"),
+}
+_RECORDS: dict[str, type] = {c.__name__: c for c in (Run, ConvConf, Layer, TensorBinding, Network)}
+
+
+def _matches(value: Any, hint: str) -> bool:
+    """Whether a JSON value fits a field annotation of this module (int, str, list[int], X | None, ...)."""
+    options = [h.strip() for h in hint.split("|")] if "[" not in hint or hint.endswith("| None") else [hint]
+    if len(options) > 1:
+        return any(_matches(value, h) for h in options)
+    if hint == "None":
+        return value is None
+    if hint == "Any":
+        return True
+    if hint == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_JSON_INT
+    if hint == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e38
+    if hint in ("str", "bool"):
+        return isinstance(value, {"str": str, "bool": bool}[hint])
+    if hint.startswith("list[") and hint.endswith("]"):
+        return isinstance(value, list) and all(_matches(v, hint[5:-1]) for v in value)
+    if hint.startswith("dict["):
+        inner = hint[5:-1].split(",", 1)[1].strip()
+        return isinstance(value, dict) and all(isinstance(k, str) and _matches(v, inner) for k, v in value.items())
+    record = _RECORDS.get(hint)
+    return record is not None and isinstance(value, (dict, record))  # its own fields are checked when loaded
+
+
 def _load_record(cls: type, data: Any, where: str, tables: tuple[Field, ...] = ()) -> Any:
+    """A record from its JSON object: every field present or defaulted, of its annotated type, table fields in
+    their C type's range; anything else is CorruptFileError naming the field and the value."""
     if not isinstance(data, dict):
         raise CorruptFileError(f"{where}: expected an object; the layer table JSON is damaged, regenerate it")
     limits = {f.name: _RANGES[f.ctype] for f in tables}
@@ -212,11 +248,23 @@ def _load_record(cls: type, data: Any, where: str, tables: tuple[Field, ...] = (
         value = data[f.name]
         if f.name in limits:
             value = _check_int(value, f"{where}.{f.name}", limits[f.name])
+        elif not _matches(value, str(f.type)):
+            raise CorruptFileError(
+                f"{where}.{f.name}: {json_repr(value)} is not a {f.type}; the layer table is damaged, regenerate it"
+            )
+        choices = CHOICES.get((cls.__name__, f.name))
+        if choices is not None and value not in choices:
+            raise CorruptFileError(f"{where}.{f.name}: {json_repr(value)} is not one of {', '.join(choices)}")
         kwargs[f.name] = value
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise CorruptFileError(f"{where}: {exc}; regenerate the output") from None
+
+
+def json_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def network_to_dict(net: Network) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Damaged inputs found by bench/fuzz.py, kept as seeded regression cases: an ONNX graph reading names nothing
+defines, and DV700 layer tables whose JSON values have the wrong type or range. Each is one UserError."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from npuc import api
+from npuc.compiler.errors import UserError
+from npuc.models.make_models import make_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from fuzz import mutate_json  # noqa: E402  (the bench's mutation, so the test replays what the bench found)
+
+ROUNDS = 1000
+
+
+def _tinycnn(folder: Path) -> Path:
+    path = folder / "tinycnn.onnx"
+    path.write_bytes(make_model("tinycnn").SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("where", ["node input", "graph output"])
+def test_onnx_names_nothing_defines(tmp_path: Path, where: str) -> None:
+    model = onnx.load(_tinycnn(tmp_path))
+    if where == "node input":
+        model.graph.node[3].input[0] = "nowhere"
+        message = r"reads 'nowhere', which no input, initializer or earlier node defines"
+    else:
+        model.graph.output[0].name = "nowhere"
+        message = "graph output 'nowhere' is made by no node"
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(UserError, match=message):
+        api.inspect(tmp_path / "bad.onnx")
+
+
+def test_dmp_layer_table_values_of_any_type(tmp_path: Path) -> None:
+    out = tmp_path / "dmp"
+    api.build(_tinycnn(tmp_path), "dmp", out)
+    (table,) = out.glob("*_layers.json")
+    good = json.loads(table.read_text())
+    feed = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    rng = random.Random(0)
+    outcomes = {"ok": 0, "user": 0}
+    for _ in range(ROUNDS):
+        table.write_text(json.dumps(mutate_json(good, rng)))
+        try:
+            api.run(out, feed)
+            outcomes["ok"] += 1
+        except UserError:
+            outcomes["user"] += 1
+    assert outcomes["user"] > ROUNDS // 4  # most damage is caught, and nothing else escapes
+
+
+def test_onnx_initializer_and_attribute_damage(tmp_path: Path) -> None:
+    model = onnx.load(_tinycnn(tmp_path))
+    model.graph.initializer[0].dims[0] += 1  # dims that disagree with the stored data
+    onnx.save(model, tmp_path / "dims.onnx")
+    with pytest.raises(UserError, match=r"initializer '.*': its data does not decode"):
+        api.inspect(tmp_path / "dims.onnx")
+    model = onnx.load(_tinycnn(tmp_path))
+    node = model.graph.node[0]
+    node.attribute.add().CopyFrom(onnx.helper.make_attribute("auto_pad", b"\xef\xbf"))
+    onnx.save(model, tmp_path / "attr.onnx")
+    with pytest.raises(UserError, match="attribute 'auto_pad' is not UTF-8 text"):
+        api.inspect(tmp_path / "attr.onnx")
+
+
+def test_cvimodel_input_of_another_size(tmp_path: Path) -> None:
+    out = tmp_path / "m.cvimodel"
+    api.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
+    with pytest.raises(UserError, match="input 'input' has 768 elements; the model's tensor 1x3x32x32 holds 3072"):
+        api.run(out, {"input": np.zeros((1, 3, 16, 16), np.float32)})
