@@ -179,6 +179,25 @@ def _check_stored_values(graph: onnx.GraphProto) -> None:
     """Every initializer and Constant decodes to its declared dims, every string attribute is UTF-8: a damaged
     model fails here with the name of what is damaged, not deep inside onnx's helpers."""
     tensors = [(f"initializer '{t.name}'", t) for t in graph.initializer]
+    initialized = {t.name for t in graph.initializer}
+    known = set(onnx.TensorProto.DataType.values())
+    for vi in [*graph.input, *graph.output]:
+        if vi.name not in initialized and not vi.type.tensor_type.elem_type:
+            raise UserError(f"graph input/output '{vi.name}' has no element type; the model is damaged")
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.tensor_type.elem_type not in known:
+            raise UserError(
+                f"tensor '{vi.name}' has unknown element type {vi.type.tensor_type.elem_type}; the model is damaged"
+            )
+    for index, node in enumerate(graph.node):
+        try:
+            names = [node.name, node.op_type, node.domain, *node.input, *node.output]
+            for name in [*names, *(a.name for a in node.attribute)]:
+                if not isinstance(name, str):  # protobuf hands out bytes it cannot decode
+                    raise UnicodeEncodeError("utf-8", "", 0, 1, "undecodable")
+                name.encode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            raise UserError(f"a name of node #{index} is not UTF-8 text; the model is damaged") from None
     for node in graph.node:
         where = f"node '{node.name or (node.output[0] if node.output else '?')}' ({node.op_type})"
         for attr in node.attribute:
@@ -342,9 +361,20 @@ def import_model(
         model_copy = onnx.shape_inference.infer_shapes(model_copy, data_prop=True)
     except Exception as exc:  # onnx raises several types for inconsistent models
         raise UserError(f"shape inference failed: {_short(exc)}; check --input-shape against the model") from None
-    simplified = simplify(model_copy)
-    check_supported(simplified)
-    return convert(simplified)
+    try:
+        simplified = _simplified(model_copy)
+        check_supported(simplified)
+        return convert(simplified)
+    except UnicodeDecodeError:  # protobuf hands out undecodable strings lazily, from any string field
+        raise UserError("a name or string in the model is not UTF-8 text; the model is damaged") from None
+
+
+def _simplified(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return simplify(model)
+    except (UnboundLocalError, KeyError, IndexError, TypeError, ValueError) as exc:
+        # graphsurgeon's import/export of a damaged graph (a tensor of no kind, a dangling reference)
+        raise UserError(f"the model's graph does not import ({_short(exc)}); the model is damaged") from None
 
 
 def import_onnx(path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None) -> Graph:

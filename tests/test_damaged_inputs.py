@@ -78,3 +78,29 @@ def test_cvimodel_input_of_another_size(tmp_path: Path) -> None:
     api.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
     with pytest.raises(UserError, match="input 'input' has 768 elements; the model's tensor 1x3x32x32 holds 3072"):
         api.run(out, {"input": np.zeros((1, 3, 16, 16), np.float32)})
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda m: m.graph.node[0].attribute.append(onnx.helper.make_attribute("pads", [1, 1])),
+            r"pads \[1, 1\] must be 4",
+        ),
+        (
+            lambda m: m.graph.node[0].attribute.append(onnx.helper.make_attribute("strides", [0, 1])),
+            r"strides \[0, 1\] must be 2 positive",
+        ),
+        (lambda m: m.graph.input[0].type.tensor_type.__setattr__("elem_type", 77), "unknown element type 77"),
+    ],
+    ids=["pads", "strides", "dtype"],
+)
+def test_onnx_attribute_values(tmp_path: Path, damage, message: str) -> None:  # noqa: ANN001
+    model = onnx.load(_tinycnn(tmp_path))
+    for attr in list(model.graph.node[0].attribute):
+        if attr.name in ("pads", "strides"):
+            model.graph.node[0].attribute.remove(attr)
+    damage(model)
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(UserError, match=message):
+        api.inspect(tmp_path / "bad.onnx")

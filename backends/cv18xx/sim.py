@@ -277,7 +277,4 @@ def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 
     tensors = {t.name: t for t in prog.tensor_map}
     machine = load_program(model, inputs, program)
     run_routines(model, machine, program)
-    return {
-        name: tensor_view(machine.gmem, tensors[name]).copy().reshape(tensors[name].shape.dim[:4])
-        for name in prog.output_tensors
-    }
+    return {name: _shaped_view(machine.gmem, tensors[name]).copy() for name in prog.output_tensors}

@@ -41,6 +41,8 @@ from .layers import (
 from .layout import whc8_decode, whc8_encode
 from .validate import check_layer, hardware_from_options, layer_output_dims, run_input_dims, run_output_dims
 
+MAX_IO_BYTES = 1 << 30  # the boards carry 1-2 GiB of DRAM for everything; no io buffer comes near it
+
 
 def _f16(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
@@ -51,8 +53,10 @@ class Memory:
     """The io buffer with bounds-checked typed views."""
 
     def __init__(self, size: int) -> None:
-        if not 0 <= size <= 1 << 32:
-            raise CorruptFileError(f"io size {size} is out of range; regenerate the output")
+        if not 0 <= size <= MAX_IO_BYTES:
+            raise CorruptFileError(
+                f"io size {size} is out of range (a DV700 io buffer holds at most {MAX_IO_BYTES}); regenerate it"
+            )
         self.data = np.zeros(size, np.uint8)
 
     def read(self, offs: int, count: int, dtype: str) -> np.ndarray:

@@ -24,6 +24,9 @@ def _window_params(ctx: ConvertContext, kernel: list[int]) -> tuple[list[int], l
     n = len(kernel)
     strides = list(ctx.attr("strides", [1] * n))
     dilations = list(ctx.attr("dilations", [1] * n))
+    for name, values in (("kernel_shape", kernel), ("strides", strides), ("dilations", dilations)):
+        if len(values) != n or min(values, default=1) < 1:
+            raise ctx.unsupported(f"{name} {values} must be {n} positive numbers", "the model is damaged; re-export it")
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = _same_pads(ctx.shape(0)[2:], kernel, strides, dilations, auto_pad)
@@ -31,6 +34,8 @@ def _window_params(ctx: ConvertContext, kernel: list[int]) -> tuple[list[int], l
         pads = [0] * (2 * n)
     else:
         pads = list(ctx.attr("pads", [0] * (2 * n)))
+    if len(pads) != 2 * n or min(pads, default=0) < 0:
+        raise ctx.unsupported(f"pads {pads} must be {2 * n} non-negative numbers", "the model is damaged; re-export it")
     return strides, dilations, pads
 
 
@@ -136,7 +141,10 @@ def _pool(ctx: ConvertContext, mode: str) -> None:
         raise ctx.unsupported("the Indices output of MaxPool is not supported", "drop the second output")
     if ctx.attr("storage_order", 0):
         raise ctx.unsupported("storage_order=1 is not supported", "export with storage_order=0")
-    kernel = list(ctx.attr("kernel_shape"))
+    kernel = ctx.attr("kernel_shape")
+    if kernel is None:
+        raise ctx.unsupported("the required attribute kernel_shape is missing", "the model is damaged; re-export it")
+    kernel = list(kernel)
     _check_spatial(ctx, len(kernel))
     strides, dilations, pads = _window_params(ctx, kernel)
     attrs = ops.Pool2d(
@@ -192,7 +200,10 @@ def batch_normalization(ctx: ConvertContext) -> None:
     if ctx.attr("training_mode", 0) or len([o for o in ctx.node.output if o]) > 1:
         raise ctx.unsupported("training-mode BatchNormalization is not supported", "export the model in eval mode")
     # float32 arithmetic, as tpu-mlir folds BN: the folded weights then match its quantized ones exactly
-    scale, bias, mean, var = (ctx.const(i).astype(np.float32) for i in (1, 2, 3, 4))
+    params = [ctx.const(i) for i in (1, 2, 3, 4)]
+    if any(p is None for p in params):
+        raise ctx.unsupported("scale, B, mean and var are required inputs", "the model is damaged; re-export it")
+    scale, bias, mean, var = (p.astype(np.float32) for p in params)
     factor = scale / np.sqrt(var + np.float32(ctx.attr("epsilon", 1e-5)))
     dtype = ctx.graph.tensors[ctx.input(0)].dtype
     s_name, b_name = ctx.temp("bn_scale"), ctx.temp("bn_bias")

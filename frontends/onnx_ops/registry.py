@@ -59,6 +59,23 @@ def supported_op_types() -> list[str]:
     return sorted(_CONVERTERS)
 
 
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether an attribute value has the kind its default has (numbers, text, a list of numbers); graphs and
+    other protobuf messages never are. No default: anything but a protobuf message."""
+    if hasattr(value, "SerializeToString") or (isinstance(value, list) and any(hasattr(v, "SerializeToString")
+                                                                                for v in value)):  # fmt: skip
+        return False
+    if default is None or value is default:
+        return True
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value)
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return isinstance(value, (int, float))
+    if isinstance(default, str):
+        return isinstance(value, str)
+    return True
+
+
 class ConvertContext:
     """What a converter sees: the node, its opset, and the IR graph being built."""
 
@@ -76,9 +93,12 @@ class ConvertContext:
     def attr(self, name: str, default: Any = None) -> Any:
         value = self.attrs.get(name, default)
         if isinstance(value, bytes):
-            return value.decode()
-        if isinstance(value, onnx.TensorProto):
-            return numpy_helper.to_array(value)
+            value = value.decode()
+        elif isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value)
+        if not _same_kind(value, default):
+            raise self.unsupported(f"attribute '{name}' is {type(value).__name__}, not like {default!r}",
+                                   "the model is damaged; re-export it")  # fmt: skip
         return value
 
     def input(self, i: int) -> str:
