@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from npuc.compiler.targets import all_targets
 from npuc.models.make_models import make_model
@@ -53,3 +54,21 @@ def test_every_target_declares_what_it_reads() -> None:
         assert target.quants and target.options and set(target.chips), target.name
     by_name = {t.name: t for t in all_targets()}
     assert {n for n, t in by_name.items() if t.uses_calib} == {"bm1880", "bpu", "cv18xx"}
+
+
+def test_cv180x_builds_say_when_they_need_cpu_functions(model: Path, tmp_path: Path) -> None:
+    """The cv180x runtime has no CPU functions: an int8 build's CPU quant routine is said, --quant-input not."""
+    import npuc
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    table = tmp_path / "t.txt"
+    npuc.calibrate(model, [data], table)
+    plain = npuc.build(model, "cv18xx", tmp_path / "a.cvimodel", chip="cv180x", calib=table)
+    assert any("the cv180x runtime has no CPU functions, and this model needs 1 (quant)" in n for n in plain.notes)
+    fed = npuc.build(model, "cv18xx", tmp_path / "b.cvimodel", chip="cv180x", calib=table,
+                     options={"quant_input": True})  # fmt: skip
+    other = npuc.build(model, "cv18xx", tmp_path / "c.cvimodel", chip="cv181x", calib=table)
+    assert not any("CPU functions" in n for n in [*fed.notes, *other.notes])

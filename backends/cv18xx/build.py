@@ -316,6 +316,13 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         **{key: sum(st.counts()[key] for st in streams) for key in streams[0].counts()},
         **({"cpu_softmax_routines": len(islands)} if islands else {}),
     }
+    cpu = [op.kind if op.kind != "cast" else "quant" for op in [*cpu_ops, *islands, *tail_ops]]
+    if chip.name == "cv180x" and cpu:  # specs/cv18xx.md §2: its runtime is built with ENABLE_CPU_FUNC=OFF
+        qgraph.notes.append(
+            f"the cv180x runtime has no CPU functions, and this model needs {len(cpu)} ({', '.join(sorted(set(cpu)))}):"
+            " it runs on the simulator, not on a board; --quant-input feeds int8 instead of a CPU quant, and a"
+            " softmax at the end can be left to the application (cut the model before it)"
+        )
     return data, summary, qgraph.notes
 
 
