@@ -195,16 +195,25 @@ class Machine:
 # ---- whole model ----------------------------------------------------------------------------------------
 
 
+MAX_REGION_BYTES = 1 << 30  # the boards carry 64 MiB (cv180x) to 1-4 GiB (cv183x) of DRAM for everything
+
+
 def load_program(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> Machine:
     """A machine with the program's gmem regions allocated, weights loaded and inputs written."""
     prog = model.body.programs[program]
-    regions = {0: np.zeros(prog.shared_gmem, np.uint8), 1: np.frombuffer(model.weight, np.uint8).copy()}
-    regions[2] = np.zeros(prog.private_gmem, np.uint8)
+    sizes = {0: prog.shared_gmem, 2: prog.private_gmem}
     for t in prog.tensor_map:
         region = t.offset >> REGION_BITS
-        if region >= 3:
-            need = (t.offset & ((1 << REGION_BITS) - 1)) + t.size
-            regions[region] = np.zeros(max(need, len(regions.get(region, ()))), np.uint8)
+        if region >= 3:  # io regions: as large as their tensors reach
+            sizes[region] = max(sizes.get(region, 0), (t.offset & ((1 << REGION_BITS) - 1)) + t.size)
+    for region, size in sizes.items():  # checked before anything is allocated
+        if not 0 <= size <= MAX_REGION_BYTES:
+            raise CorruptFileError(
+                f"gmem region {region} of {size} bytes is beyond any CV18xx board ({MAX_REGION_BYTES} at most); "
+                "the cvimodel is damaged"
+            )
+    regions = {r: np.zeros(size, np.uint8) for r, size in sizes.items()}
+    regions[1] = np.frombuffer(model.weight, np.uint8).copy()
     machine = Machine(CHIPS[model.chip], GlobalMemory(regions))
     tensors = {t.name: t for t in prog.tensor_map}
     for name in prog.input_tensors:
