@@ -86,13 +86,15 @@ def test_ppocrv6_det_bf16_bit_exact(real_model, tmp_path: Path, chip: str) -> No
     """The text detector's squeeze-excite global pools average 48x96 windows: the bf16 sum of x * 1/4608, in
     the TIU's order and rounding, is what makes it bit-exact."""
     model = real_model("ppocrv6_det_tiny")
-    feed = model_inputs("ppocrv6_det_tiny", 17)[16]
+    page, photo = (model_inputs("ppocrv6_det_tiny", 17)[i] for i in (0, 16))  # a document; a mirrored photo
     out = build(model, None, chip, "bf16", tmp_path / "det.cvimodel", real_model_shapes("ppocrv6_det_tiny"))
-    got = _run_both(out, feed)["fetch_name_0"]
-    want = ort.InferenceSession(str(model)).run(None, feed)[0]
-    # measured 0.9960-0.9976 on three document pictures: below the 0.999 goal (the probability map's bf16
-    # error, not yet traced); held here
-    assert cosine(got.reshape(want.shape), want) >= 0.995
+    session = ort.InferenceSession(str(model))
+    for feed, floor in ((page, 0.999), (photo, 0.995)):
+        got = _run_both(out, feed)["fetch_name_0"]
+        want = session.run(None, feed)[0]
+        # measured: the page 0.99992 (documents 0.9992-0.9999); photos with little text 0.9960-0.9976, where
+        # the probability map is almost all near 0 and bf16's error on it weighs more
+        assert cosine(got.reshape(want.shape), want) >= floor
 
 
 @pytest.fixture(scope="module")
