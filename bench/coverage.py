@@ -87,8 +87,14 @@ def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, 
                 out = folder / f"{tname}_{quant}"
                 result = npuc.build(model, tname, out, quant=quant, calib=calib, input_shapes=shapes)
                 artifact = out if out.is_dir() else result.artifacts[0]  # a folder target runs as the folder
+                fed = feed
+                if tname == "bm1880":  # BMNet inputs are NCHW and unnamed (the build notes it)
+                    from npuc.backends.bm1880.sim import input_name
+
+                    x = feed[spec.input_name]
+                    fed = {input_name(0): x.transpose(0, 3, 1, 2) if spec.layout == "nhwc" else x}
                 try:
-                    got = npuc.run(artifact, feed)
+                    got = npuc.run(artifact, fed)
                 except npuc.UserError as exc:
                     rows.append((name, tname, quant, "0", f"no run: {exc}"[:40], "-"))
                     continue

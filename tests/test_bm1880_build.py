@@ -302,7 +302,7 @@ def test_pnet_multishape_round_trip(pnet_bmodel):
             assert ins.engine != isa.ENGINE_GDMA or ins.flags in (isa.FLAG_NEURON, isa.FLAG_WEIGHT)
 
 
-def test_pnet_with_npuc_calibration(pnet_onnx, vendor_pnet, tmp_path):
+def test_pnet_with_npuc_calibration(pnet_onnx, vendor_pnet, tmp_path, capsys):
     files = []
     for i, feed in enumerate(model_inputs("mtcnn_pnet", 8)):
         np.savez(tmp_path / f"{i}.npz", **feed)
@@ -314,6 +314,10 @@ def test_pnet_with_npuc_calibration(pnet_onnx, vendor_pnet, tmp_path):
     out = tmp_path / "pnet.bmodel"
     assert _cli("build", pnet_onnx, "--target", "bm1880", "--calib", tmp_path / "cali_table", "--input-shape",
                 "input_1:1,36,48,3", "--opt", "layer-group-weight", "-o", out) == 0  # fmt: skip
+    # the layout change is said: the ONNX model takes NHWC, the bmodel NCHW (and unnamed)
+    assert "note: input 'input_1' is NHWC in the ONNX model; bmodel input #0 takes it as NCHW 1x3x36x48" in (
+        capsys.readouterr().out
+    )
     onnx_in, x = _pnet_feeds((1, 3, 36, 48))
     ours = run_bmodel(load_bmodel(out), {"input": x})
     box, prob = ort.InferenceSession(str(pnet_onnx)).run(None, {"input_1": onnx_in})

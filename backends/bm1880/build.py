@@ -31,6 +31,7 @@ from .codegen import Program, WeightBlob, plan_neurons
 from .container import CHIP_BM1880, FMT_I8, BModel, Command, TensorInfo, write_bmodel
 from .groups import OPT_LEVELS, form_units
 from .quantize import LoweredNet, load_thresholds, lower
+from .sim import input_name
 
 DEFAULT_OPT = "layer-group"
 
@@ -168,6 +169,15 @@ def build(request: BuildRequest) -> BuildResult:
         ],  # fmt: skip
         "seconds": round(time.perf_counter() - start, 3),
     }
+    graph = request.graph
+    for index, name in enumerate(graph.inputs):  # BMNet inputs are NCHW and unnamed: say what changed
+        if graph.input_layouts.get(name, "nchw") == "nhwc":
+            n, c, h, w = graph.shape(name)
+            notes.append(
+                f"input '{name}' is NHWC in the ONNX model; bmodel input #{index} takes it as NCHW {n}x{c}x{h}x{w} "
+                "(transpose it before feeding; `npuc run` calls it "
+                f"'{input_name(index)}')"
+            )
     if notes:
         summary["notes"] = notes
-    return BuildResult([output], summary)
+    return BuildResult([output], summary, list(notes))
