@@ -72,10 +72,12 @@ def per_op(op: Op) -> Iterator[None]:
         gaps.append(Gap(op.name, op.kind, reason, after))
         gaps.failed_outputs.update({name: (op.name,) for name in op.outputs})
     except Exception:
-        if not after:  # nothing before it failed: a real defect, reported as one
+        if not gaps:  # nothing before it failed: a real defect, reported as one
             raise
-        gaps.append(Gap(op.name, op.kind, "cannot be judged on a stand-in for its input", after, judged=False))
-        gaps.failed_outputs.update({name: after for name in op.outputs})
+        # after a failure the backend's state (its plans, its stand-ins) is not what a build would have
+        roots = after or tuple(dict.fromkeys(g.op for g in gaps if g.judged and g.op))[:1]
+        gaps.append(Gap(op.name, op.kind, "cannot be judged after the ops that failed", roots, judged=False))
+        gaps.failed_outputs.update({name: roots for name in op.outputs})
 
 
 def active() -> bool:

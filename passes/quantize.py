@@ -71,8 +71,12 @@ def thresholds_for_graph(
             result.thresholds[out] = th
         else:
             result.pre_activation[op_name] = th
-    for op in graph.ops:  # a reshape moves values and never changes them: a tensor it made has its input's range
-        if op.kind == "reshape" and op.outputs[0] not in result.thresholds and op.inputs[0] in result.thresholds:
+    for op in graph.ops:  # reshapes and transposes move values, never change them: their input's range holds
+        if (
+            op.kind in ("reshape", "transpose")
+            and op.outputs[0] not in result.thresholds
+            and op.inputs[0] in (result.thresholds)
+        ):
             result.thresholds[op.outputs[0]] = result.thresholds[op.inputs[0]]
     activations = [*graph.inputs, *(out for op in graph.ops for out in op.outputs)]
     result.missing = [n for n in activations if n not in result.thresholds and graph.tensors[n].dtype == "float32"]

@@ -7,6 +7,7 @@ channel c lives in lane (start_lane + c) % lanes at (start_lane + c) // lanes * 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,54 @@ def default_strides(shape: Shape, esz: int, lanes: int, eu_bytes: int, eu_align:
     return (c_str * -(-c // lanes), c_str, w * esz, esz)
 
 
+_INDEX_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+INDEX_CACHE_BYTES = 64 << 20  # kernels touch the same tiles again and again; this bounds what that costs
+_index_cache_bytes = 0
+
+
+def _local_index(lanes: int, size: int, addr: int, shape: Shape, strides: Strides, esz: int
+                 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(lane, byte offset) of every byte of a local-memory operand, read-only; recently used ones are kept
+    (least recently used dropped first) within INDEX_CACHE_BYTES."""
+    global _index_cache_bytes
+    key = (lanes, size, addr, shape, strides, esz)
+    hit = _INDEX_CACHE.get(key)
+    if hit is not None:
+        _INDEX_CACHE.move_to_end(key)
+        return hit
+    found = _compute_local_index(lanes, size, addr, shape, strides, esz)
+    cost = found[1].nbytes
+    if cost <= INDEX_CACHE_BYTES // 8:
+        _INDEX_CACHE[key] = found
+        _index_cache_bytes += cost
+        while _index_cache_bytes > INDEX_CACHE_BYTES:
+            _, (_, dropped) = _INDEX_CACHE.popitem(last=False)
+            _index_cache_bytes -= dropped.nbytes
+    return found
+
+
+def _compute_local_index(lanes: int, size: int, addr: int, shape: Shape, strides: Strides, esz: int
+                         ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    n, c, h, w = shape
+    start_lane, local = divmod(addr, size)
+    chans = start_lane + np.arange(c)
+    lane = (chans % lanes)[None, :, None, None, None]
+    off = (
+        local
+        + (chans // lanes)[None, :, None, None, None] * strides[1]
+        + np.arange(n)[:, None, None, None, None] * strides[0]
+        + np.arange(h)[None, None, :, None, None] * strides[2]
+        + np.arange(w)[None, None, None, :, None] * strides[3]
+        + np.arange(esz)[None, None, None, None, :]
+    )
+    if start_lane >= lanes or off.size and (off.min() < 0 or off.max() >= size):
+        raise CorruptFileError(
+            f"local memory access at {addr:#x} shape {shape} strides {strides} leaves the {size}-byte lane"
+        )
+    off.setflags(write=False)
+    return np.broadcast_to(lane, off.shape), off
+
+
 @dataclass
 class LocalMemory:
     lanes: int
@@ -48,23 +97,7 @@ class LocalMemory:
 
     def _index(self, addr: int, shape: Shape, strides: Strides, esz: int) -> tuple[np.ndarray, np.ndarray]:
         _check_size(shape, esz)
-        n, c, h, w = shape
-        start_lane, local = divmod(addr, self.size)
-        chans = start_lane + np.arange(c)
-        lane = (chans % self.lanes)[None, :, None, None, None]
-        off = (
-            local
-            + (chans // self.lanes)[None, :, None, None, None] * strides[1]
-            + np.arange(n)[:, None, None, None, None] * strides[0]
-            + np.arange(h)[None, None, :, None, None] * strides[2]
-            + np.arange(w)[None, None, None, :, None] * strides[3]
-            + np.arange(esz)[None, None, None, None, :]
-        )
-        if start_lane >= self.lanes or off.size and (off.min() < 0 or off.max() >= self.size):
-            raise CorruptFileError(
-                f"local memory access at {addr:#x} shape {shape} strides {strides} leaves the {self.size}-byte lane"
-            )
-        return np.broadcast_to(lane, off.shape), off
+        return _local_index(self.lanes, self.size, addr, tuple(shape), tuple(strides), esz)
 
     def read(self, addr: int, shape: Shape, strides: Strides, fmt: str) -> np.ndarray:
         esz, dtype = FORMATS[fmt]
