@@ -173,7 +173,13 @@ def int8_lut(fn: Callable[[np.ndarray], np.ndarray], th_x: float, th_y: float) -
     codes = np.arange(256, dtype=np.int64)
     codes = np.where(codes < 128, codes, codes - 256)
     x = codes.astype(np.float32) * (np.float32(th_x) / np.float32(127))
-    return cv18xx_quantize_activation(fn(x).astype(np.float32), th_y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = fn(x).astype(np.float32)
+    # codes outside the function's domain (sqrt/log of a negative) never occur in a calibrated tensor, but the
+    # table must still hold defined bytes: NaN becomes 0, the rest saturates (deterministic on any machine)
+    limit = np.float32(2 * th_y)  # beyond it every value saturates alike
+    return cv18xx_quantize_activation(np.clip(np.nan_to_num(y, nan=0.0, posinf=limit, neginf=-limit), -limit, limit),
+                                      th_y)  # fmt: skip
 
 
 def _int8_activation(ctx: QuantContext, op: Op) -> Lowered | None:

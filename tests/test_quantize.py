@@ -349,3 +349,19 @@ def test_leaky_relu_fused_in_conv_is_split_out():
     ]  # fmt: skip
     y = run(qgraph, {"x": np.array([[[[1.0, -1.0]]]], np.float32)}, kernels=QUANT_KERNELS)["y"]
     np.testing.assert_allclose(y.ravel(), [1.0, -0.5], atol=2 / 127)
+
+
+def test_int8_lut_outside_the_functions_domain_is_defined() -> None:
+    """sqrt/log tables over a symmetric int8 range: the negative codes get defined bytes (NaN -> 0, -inf
+    saturated), not whatever a NaN -> int8 cast gives on this machine."""
+    import warnings
+
+    from npuc.passes.rules_cv18xx import int8_lut
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 'invalid value encountered in cast'
+        root = int8_lut(np.sqrt, 4.0, 2.0)
+        log = int8_lut(np.log, 4.0, 2.0)
+    negative = np.r_[129:256]  # bytes of the codes -127..-1
+    assert (root[negative] == 0).all() and root[127] == 127  # sqrt(4) = 2 = th_y
+    assert (log[negative] == 0).all() and log[0] == -128  # NaN -> 0; log(0) = -inf saturates
