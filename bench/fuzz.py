@@ -60,7 +60,18 @@ def make_seeds(folder: Path) -> dict[str, Path]:
     npuc.build(model, "bm1880", folder / "m.bmodel", calib=table)
     npuc.build(model, "lyngor", folder / "lyngor")
     npuc.build(model, "dmp", folder / "dmp")
+    golden = Path(__file__).resolve().parents[2] / "shared" / "golden" / "bm1880"
+    vendor = {}
+    if golden.is_dir():  # the SDK's own files, when the golden set sits beside the repository
+        for name in ("lenet_deploy.prototxt", "lenet_float.caffemodel", "mtcnn_det2_rnet_nchw.bmodel"):
+            (folder / name).write_bytes((golden / name).read_bytes())
+        vendor = {
+            "caffe_prototxt": folder / "lenet_deploy.prototxt",
+            "caffemodel": folder / "lenet_float.caffemodel",
+            "bmodel_vendor": folder / "mtcnn_det2_rnet_nchw.bmodel",
+        }
     return {
+        **vendor,
         "onnx": model,
         "cvimodel": folder / "m_int8.cvimodel",
         "cvimodel_bf16": folder / "m_bf16.cvimodel",
@@ -177,6 +188,31 @@ def _read_npz(path: Path) -> None:
     load_arrays(path)
 
 
+def _run_bmodel_zeros(path: Path) -> None:
+    """A bmodel from another tool: inspect it, then run its first command on zeros of its own input shape."""
+    import npuc
+    from npuc.backends.bm1880.container import load_bmodel
+    from npuc.backends.bm1880.sim import input_name, run_bmodel
+
+    npuc.inspect(path, disasm=True)
+    model = load_bmodel(path)
+    if model.commands and model.commands[0].inputs:
+        shape = model.commands[0].inputs[0].shape
+        run_bmodel(model, {input_name(0): np.zeros(shape, np.int8)})  # already quantized: no threshold needed
+
+
+def _caffe_prototxt(path: Path) -> None:
+    from npuc.frontends.caffe import import_caffe
+
+    import_caffe(path, path.parent / "lenet_float.caffemodel", {"data": (1, 1, 28, 28)})
+
+
+def _caffemodel(path: Path) -> None:
+    from npuc.frontends.caffe import import_caffe
+
+    import_caffe(path.parent / "lenet_deploy.prototxt", path, {"data": (1, 1, 28, 28)})
+
+
 def _build_config(path: Path) -> None:
     import npuc
 
@@ -202,6 +238,9 @@ FORMATS: dict[str, tuple[str, Callable[[Path], None]]] = {  # kind -> (seed, rea
     "lyngor": ("lyngor", _inspect_and_run),
     "dmp": ("dmp", _inspect_and_run),
     "hb_yaml": ("hb_yaml", _build_config),
+    "caffe_prototxt": ("caffe_prototxt", _caffe_prototxt),
+    "caffemodel": ("caffemodel", _caffemodel),
+    "bmodel_vendor": ("bmodel_vendor", _run_bmodel_zeros),
 }
 
 
@@ -232,6 +271,12 @@ def run_format(kind: str, seeds: dict[str, str], count: int, seed: int, timeout:
             case = Path(scratch) / f"case{i}{original.suffix}"
             if original.is_dir():
                 mutate_tree(original, case, rng)
+            elif kind in ("caffe_prototxt", "caffemodel"):
+                partner = "lenet_float.caffemodel" if kind == "caffe_prototxt" else "lenet_deploy.prototxt"
+                if not (Path(scratch) / partner).exists():
+                    shutil.copy(original.parent / partner, Path(scratch) / partner)
+                case = Path(scratch) / (f"case{i}.prototxt" if kind == "caffe_prototxt" else f"case{i}.caffemodel")
+                case.write_bytes(mutate_bytes(original.read_bytes(), rng))
             elif kind == "hb_yaml":
                 for extra in ("tinycnn.onnx", "data"):
                     if not (Path(scratch) / extra).exists():
