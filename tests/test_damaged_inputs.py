@@ -119,3 +119,30 @@ def test_cvimodel_gmem_beyond_any_board(tmp_path: Path) -> None:
     damaged = read_cvimodel(write_cvimodel(model))
     with pytest.raises(UserError, match=rf"gmem region {io.offset >> 40} of \d+ bytes is beyond any CV18xx board"):
         run_cvimodel(damaged, {"input": np.zeros((1, 3, 32, 32), np.float32)})
+
+
+def test_cvimodel_cpu_routine_without_outputs(tmp_path: Path) -> None:
+    from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
+    from npuc.backends.cv18xx.sim import run_cvimodel
+
+    model_path, data = _tinycnn(tmp_path), tmp_path / "data"
+    data.mkdir()
+    np.save(data / "0.npy", np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    api.calibrate(model_path, [data], tmp_path / "t.txt")
+    out = tmp_path / "m.cvimodel"
+    api.build(model_path, "cv18xx", out, calib=tmp_path / "t.txt")  # starts with a CPU quant routine
+    model = read_cvimodel(out.read_bytes())
+    model.body.programs[0].routines[0].out_tensors = []
+    with pytest.raises(UserError, match=r"routine 0: CPU function 'quant' has 1 input and 0 output tensors"):
+        run_cvimodel(read_cvimodel(write_cvimodel(model)), {"input": np.zeros((1, 3, 32, 32), np.float32)})
+
+
+def test_local_memory_access_with_an_empty_dimension_is_bounded() -> None:
+    """(1024, 2570, 16384, 0): zero bytes in total, but 321 GiB of index arithmetic on the way."""
+    from npuc.backends.cv18xx.chips import chip_spec
+    from npuc.backends.cv18xx.sim_mem import LocalMemory
+
+    chip = chip_spec("cv181x")
+    memory = LocalMemory.create(chip.lanes, chip.lmem_size)
+    with pytest.raises(UserError, match="larger than any memory"):
+        memory.read(0, (1024, 2570, 16384, 0), (1, 1, 1, 1), "bf16")

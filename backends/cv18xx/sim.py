@@ -268,6 +268,12 @@ def run_routines(model: CviModel, machine: Machine, program: int = 0, run_tpu: T
         if fn is None:
             raise UnsupportedError(f"CPU function {r.cpu_routine.function_section!r} is not simulated")
         args = decode_cpu_args(r.cpu_routine.function_args)
+        missing = [n for n in [*r.in_tensors, *r.out_tensors] if n not in tensors]
+        if not r.in_tensors or not r.out_tensors or missing:
+            raise CorruptFileError(
+                f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(r.in_tensors)} input and "
+                f"{len(r.out_tensors)} output tensors" + (f", '{missing[0]}' not in the tensor map" if missing else "")
+            )
         ins = [_shaped_view(machine.gmem, tensors[n]) for n in r.in_tensors]
         outs = [_shaped_view(machine.gmem, tensors[n]) for n in r.out_tensors]
         results = fn(args, ins, [(o.dtype, o.shape) for o in outs])

@@ -19,8 +19,11 @@ Strides = tuple[int, int, int, int]  # bytes per step of n, c, h, w
 
 
 def _check_size(shape: Shape, esz: int) -> None:
+    # each dimension on its own too: the index arithmetic broadcasts partial sums before an empty w makes the
+    # total 0 (a (1024, 2570, 16384, 0) access would allocate 321 GiB on the way)
     total = int(np.prod(shape, dtype=np.int64)) * esz
-    if total > MAX_ACCESS_BYTES:
+    partial = int(np.prod([max(d, 1) for d in shape], dtype=np.int64)) * esz
+    if total > MAX_ACCESS_BYTES or partial > MAX_ACCESS_BYTES or min(shape, default=0) < 0:
         raise CorruptFileError(f"memory access of shape {shape} ({total} bytes) is larger than any memory")
 
 

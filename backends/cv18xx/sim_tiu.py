@@ -288,7 +288,7 @@ def tiu_max_pool(ctx: TiuContext) -> None:
 def tiu_avg_pool(ctx: TiuContext) -> None:
     kh, kw = ctx.f["opd1_h"], ctx.f["opd1_w"]
     win = _windows(ctx, ctx.read("opd0"), kh, kw, 0)
-    if ctx.bf16:  # each x * multiplier, added in the conv's order and rounding (a 48x96 window shows it)
+    if ctx.bf16 and win.size:  # each x * multiplier, added in the conv's order and rounding (48x96 windows show it)
         c = win.shape[1]
         multiplier = np.full((c, 1, kh, kw), ctx.const("opd1"), np.float32)
         _finish_bf16(ctx, accumulate_windows(win, multiplier, c))
