@@ -266,6 +266,8 @@ def _conv_out(size: int, k: int, stride: int, dilation: int, pad: int) -> int:
 
 def _infer_conv(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     a: Conv2d = op.attrs
+    if len(s[0]) != 4 or len(s[1]) != 4:
+        raise _shape_error(op, f"a 2-D conv takes a 4-D input and weight, not {list(s[0])} and {list(s[1])}")
     (n, c, h, w), (oc, icg, kh, kw) = s[0], s[1]
     if c != icg * a.group or oc % a.group:
         raise _shape_error(op, f"input has {c} channels but weight {list(s[1])} with group {a.group}")
@@ -276,6 +278,8 @@ def _infer_conv(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
 
 def _infer_conv_transpose(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     a: ConvTranspose2d = op.attrs
+    if len(s[0]) != 4 or len(s[1]) != 4:
+        raise _shape_error(op, f"a 2-D transposed conv takes a 4-D input and weight, not {list(s[0])}, {list(s[1])}")
     (n, c, h, w), (icw, ocg, kh, kw) = s[0], s[1]
     if c != icw:
         raise _shape_error(op, f"input has {c} channels but weight is {list(s[1])}")

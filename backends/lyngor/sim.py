@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 import numpy as np
 from npuc.compiler import interp
-from npuc.compiler.errors import UserError
+from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels import FLOAT_KERNELS, KernelFn
 from npuc.passes.fixedpoint import round_to_fp16
@@ -96,7 +96,15 @@ def run_tree(root: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
                 f".astype('{node['dtype']}') or rebuild with another --input-dtype"
             )
         if node["transpose_axis"] is not None:
-            value = value.transpose(node["transpose_axis"])
+            axes = node["transpose_axis"]
+            valid = isinstance(axes, (list, tuple)) and all(
+                isinstance(a, int) and not isinstance(a, bool) for a in axes
+            )
+            if not valid or sorted(axes) != list(range(value.ndim)):
+                raise CorruptFileError(
+                    f"input '{node['name']}': transpose_axis {axes} is not a permutation of its {value.ndim} axes"
+                )
+            value = value.transpose(axes)
         target = graph.tensors[node["name"]].dtype
         value = value.astype(target)
         internal[node["name"]] = round_to_fp16(value) if value.dtype.kind == "f" else value
