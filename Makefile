@@ -42,6 +42,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q tests/test_import_graph.py  # the imports run one way: no cycles
 
 clean:
 	rm -rf $(VENV) $(OUT)

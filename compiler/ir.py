@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
+from .ops import infer_op  # ops names ir's types for type checking only
 
 Shape = tuple[int, ...]
 
@@ -99,8 +100,6 @@ class Graph:
 
     def add_op(self, kind: str, inputs: list[str], outputs: list[str], attrs: Any = None, name: str = "") -> Op:
         """Append an op, inferring (and creating) its output tensors from the op's shape rule."""
-        from .ops import infer_op
-
         op = Op(name or outputs[0], kind, list(inputs), list(outputs), attrs)
         for out, (shape, dtype) in zip(outputs, infer_op(self, op), strict=True):
             self.add_tensor(out, shape, dtype)
@@ -154,8 +153,6 @@ class Graph:
     # ---- checking -----------------------------------------------------------------------------------
     def verify(self) -> None:
         """Check structure and shapes; raise UserError naming the first problem found."""
-        from .ops import infer_op
-
         defined = {name for name, t in self.tensors.items() if t.is_const} | set(self.inputs)
         for name in self.inputs:
             if name not in self.tensors:

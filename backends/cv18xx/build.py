@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 import onnx
 from npuc.backends.cv18xx.chips import chip_spec
-from npuc.backends.cv18xx.codegen import Codegen, generate
+from npuc.backends.cv18xx.codegen import Codegen
 from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel
 from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.fbcodec import encode as fb_encode
+from npuc.backends.cv18xx.generate import generate
 from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
 from npuc.compiler import ops

@@ -16,7 +16,6 @@ from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator
 from npuc.backends.cv18xx.memplan import MemoryPlan
 from npuc.backends.cv18xx.weights import WeightArea, bf16_bits
-from npuc.compiler.coverage import per_op
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, op_quant
@@ -121,20 +120,3 @@ def does_not_fit(where: str, what: str, chip: ChipSpec) -> UserError:
 
 def op_where(op: Op) -> str:
     return f"op '{op.name}' ({op.kind})"
-
-
-def supported(op: Op) -> bool:
-    return op.kind in KERNELS
-
-
-def generate(cg: Codegen, ops: list[Op]) -> None:
-    from npuc.backends.cv18xx import kernels  # noqa: F401  (registers the kernels)
-
-    for index, op in enumerate(ops):
-        cg.stream.layer = index + 1
-        cg.top_aligned = index % 2 == 1
-        with per_op(op):
-            fn = KERNELS.get(op.kind)
-            if fn is None:
-                raise no_kernel(op, f"a {op.kind} op")
-            fn(cg, op)

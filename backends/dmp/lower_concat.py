@@ -17,7 +17,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
 from .layers import CONV_DECONV_BIT, MAX_RUNS, ConvConf, Layer
-from .lower import Lowering, Value, lowers
+from .lower_context import Lowering, Value, lowers
 from .validate import check_layer
 
 BRANCH_DEPTH = 2  # the tool merges branches of at most two layers

@@ -7,7 +7,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
 from .layers import Layer
-from .lower import Lowering, Value, lowers
+from .lower_context import Lowering, Value, lowers
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 

@@ -30,7 +30,7 @@ from .layers import (
     pack2,
     pack4,
 )
-from .lower import Lowering, RunWeights, Value, lowers, set_act
+from .lower_context import Lowering, RunWeights, Value, lowers, set_act
 from .validate import MAX_KERNEL, MAX_POOL_SIZES, run_output_dims
 
 MONOTONIC = {ACT_NONE, ACT_TANH, ACT_LEAKY, ACT_SIGMOID, ACT_ELU, ACT_RELU6}  # commute with max pooling

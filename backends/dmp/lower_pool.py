@@ -7,7 +7,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
 from .layers import CONV_OFF, POOL_AVG, POOL_MAX, POOL_UPSAMPLE, Run, pack2
-from .lower import Lowering, fp16_bits, lowers
+from .lower_context import Lowering, fp16_bits, lowers
 from .lower_ops import _affine_run, _custom, _pool_fields, _try_act, _whc8_input
 from .validate import MAX_KERNEL, MAX_POOL_SIZES
 

@@ -1,6 +1,6 @@
 """Build an npuc Lyngor tree: one fp16 program section per resolution, shared fp16 weights, three manifests.
 
-`build_tree(request)` is the target's native build; `write_tree_atomic` is shared with the delegate mode.
+`build_tree(request)` is the target's build: the native tree, or the vendor delegate (delegate.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from npuc.compiler.ir import Graph
 from npuc.compiler.targets import BuildRequest, BuildResult
 
 from . import manifest as mf
-from .options import LyngorOptions, parse_options
+from .options import NHWC_TO_NCHW, LyngorOptions, parse_options
 from .payload import FORMAT_VERSION, write_program, write_weights
 from .program import encode_section
 
-NHWC_TO_NCHW = (0, 3, 1, 2)  # transpose_axis of an NHWC-fed input (vendor convention)
 FILE_NAMES = {  # net_params.json file_name: the documented names of the vendor's products
     "cpu_lib": "deploy_lib.so",
     "cpu_graph": "deploy_graph.json",

@@ -25,11 +25,11 @@ import jinja2
 import onnx
 from npuc.compiler import interp
 from npuc.compiler.errors import UserError
+from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.targets import BuildRequest, BuildResult
 
-from .build import NHWC_TO_NCHW, write_tree_atomic
 from .manifest import read_tree
-from .options import LyngorOptions
+from .options import NHWC_TO_NCHW, LyngorOptions
 
 MODEL_FILE = "model.onnx"
 SCRIPT_FILE = "build_lyngor.py"
@@ -133,6 +133,6 @@ def build_delegate(request: BuildRequest, opts: LyngorOptions) -> BuildResult:
     files[SCRIPT_FILE] = script.encode()
     vendor = importlib.util.find_spec("lyngor") is not None
     finish = (lambda folder: _run_vendor(folder, len(resolutions))) if vendor else None
-    write_tree_atomic(request.output, files, finish)
+    atomic_write_tree(request.output, files, finish, what="a Lyngor build")
     summary = {"target": "lyngor", "delegate": True, "vendor_built": vendor, "resolutions": len(resolutions)}
     return BuildResult([Path(request.output)], summary)

@@ -31,6 +31,7 @@ KNOWN_KEYS = (
     "input_dtype", "output_dtype", "input_layout", "input_shapes_list", "parallel_mode", "run_batch", "delegate",
 )  # fmt: skip
 LAYOUTS = ("nchw", "nhwc")
+NHWC_TO_NCHW = (0, 3, 1, 2)  # transpose_axis of an NHWC-fed input (vendor convention)
 
 
 @dataclass

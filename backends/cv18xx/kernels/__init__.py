@@ -1,3 +1,12 @@
 """cv18xx op kernels: one module per op family; importing the package registers them all."""
 
-from npuc.backends.cv18xx.kernels import conv, elementwise, group, matmul, pool, prelu, tensor  # noqa: F401
+from npuc.backends.cv18xx.kernels import (  # noqa: F401
+    activation,
+    conv,
+    elementwise,
+    group,
+    matmul,
+    pool,
+    prelu,
+    tensor,
+)

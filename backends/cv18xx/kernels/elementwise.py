@@ -188,7 +188,8 @@ BF16_TIU_ACTS = ("leaky_relu", "hard_sigmoid", "hard_swish")  # bf16-only activa
 WRITES_APART = ("hard_sigmoid", "hard_swish")  # they need `out` apart from `x` (else a temporary)
 
 
-def _relu_like(cg: Codegen, op: Op) -> None:
+def relu_like(cg: Codegen, op: Op) -> None:
+    """A ReLU-family / hard-sigmoid / hard-swish / leaky activation op tiled through local memory."""
     x, y = cg.gtensor(op.inputs[0]), cg.gtensor(op.outputs[0])
     local = cg.local(op)
     apart = op.attrs.act.kind in WRITES_APART
@@ -256,16 +257,3 @@ def compute_relu_like(cg: Codegen, op: Op, out: LTensor, x: LTensor, new_tile: C
         s.tiu(tiu.maximum(out, x, 0))
         if q.relu_max is not None:
             s.tiu(tiu.minimum(out, out, q.relu_max))
-
-
-@kernel("activation")
-def activation(cg: Codegen, op: Op) -> None:
-    from npuc.backends.cv18xx.kernels import lut  # lut builds on this module's tiling
-
-    q = quant_of(op)
-    if q.mode == "int8" and q.lut is not None:
-        lut.emit_int8_lut(cg, op)
-    elif lut.is_bf16_table_activation(op):
-        lut.emit_bf16_slope_lut(cg, op)
-    else:
-        _relu_like(cg, op)

@@ -1,0 +1,119 @@
+"""The package's imports run one way (frontends -> passes -> backends build on compiler, the CLI on top):
+no module reaches back, directly or through others, to one that imports it. Function-level imports count
+(a lazy import is still a dependency); imports only for type checking do not."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP = {"tests", "bench", ".venv", "build", "out"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if SKIP & set(rel.parts):
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(["npuc", *parts])] = path
+    return found
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside `if TYPE_CHECKING:` blocks."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for part in node.body for n in ast.walk(part)}
+    return skipped
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name not in modules:
+            if "." not in name:
+                return None
+            name = name.rsplit(".", 1)[0]
+        return name
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skipped = _type_checking_nodes(tree)
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [resolve(a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package[: len(package) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [resolve(f"{base}.{a.name}") or resolve(base) for a in node.names]
+            else:
+                continue
+            graph[module] |= {t for t in targets if t and t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_check_sees_a_cycle() -> None:
+    graph = import_graph()
+    assert "npuc.backends.cv18xx.codegen" in graph["npuc.backends.cv18xx.kernels.conv"]  # it reads real edges
+    graph["npuc.backends.cv18xx.codegen"].add("npuc.backends.cv18xx.kernels.conv")
+    pair = {"npuc.backends.cv18xx.codegen", "npuc.backends.cv18xx.kernels.conv"}
+    assert any(pair <= set(component) for component in cycles(graph))
