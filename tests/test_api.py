@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from npuc.models.make_models import make_model
+from samples import random_samples
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +75,7 @@ def test_api_calibrate_writes_the_cli_table(model: Path, tmp_path: Path, monkeyp
     import npuc
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")  # the table's header carries a time
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(6):
-        np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    data = random_samples(tmp_path / "data", (1, 3, 32, 32), 6)
     cli, api = tmp_path / "cli.txt", tmp_path / "api.txt"
     run = _cli("calibrate", str(model), "--data", str(data), "-o", str(cli), "--save-stats", str(tmp_path / "c.npz"))
     assert run.returncode == 0, run.stderr

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from npuc.compiler.targets import all_targets
 from npuc.models.make_models import make_model
+from samples import random_samples
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +60,7 @@ def test_cv180x_builds_say_when_they_need_cpu_functions(model: Path, tmp_path: P
     """The cv180x runtime has no CPU functions: an int8 build's CPU quant routine is said, --quant-input not."""
     import npuc
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(3):
-        np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    data = random_samples(tmp_path / "data", (1, 3, 32, 32), 3)
     table = tmp_path / "t.txt"
     npuc.calibrate(model, [data], table)
     plain = npuc.build(model, "cv18xx", tmp_path / "a.cvimodel", chip="cv180x", calib=table)

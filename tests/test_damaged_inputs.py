@@ -14,6 +14,7 @@ import pytest
 from npuc import api
 from npuc.compiler.errors import UserError
 from npuc.models.make_models import make_model
+from samples import random_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from fuzz import mutate_json  # noqa: E402  (the bench's mutation, so the test replays what the bench found)
@@ -125,9 +126,7 @@ def test_cvimodel_cpu_routine_without_outputs(tmp_path: Path) -> None:
     from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
     from npuc.backends.cv18xx.sim import run_cvimodel
 
-    model_path, data = _tinycnn(tmp_path), tmp_path / "data"
-    data.mkdir()
-    np.save(data / "0.npy", np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    model_path, data = _tinycnn(tmp_path), random_samples(tmp_path / "data", (1, 3, 32, 32), 1)
     api.calibrate(model_path, [data], tmp_path / "t.txt")
     out = tmp_path / "m.cvimodel"
     api.build(model_path, "cv18xx", out, calib=tmp_path / "t.txt")  # starts with a CPU quant routine

@@ -15,6 +15,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.targets import all_targets
 from npuc.models.make_models import make_model
 from onnx import TensorProto, helper, numpy_helper
+from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:
@@ -67,10 +68,7 @@ def test_first_listed_op_is_where_the_build_stops(mixed: Path, tmp_path: Path, t
     table = tmp_path / "t.txt"
     args = ["build", str(mixed), "--target", target, "--quant", quant, "-o", str(tmp_path / "out")]
     if target in ("cv18xx", "bm1880") and quant == "int8":
-        data = tmp_path / "data"
-        data.mkdir()
-        for i in range(4):
-            np.save(data / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 8, 8, 8)).astype(np.float32))
+        data = random_samples(tmp_path / "data", (1, 8, 8, 8), 4)
         assert _npuc("calibrate", str(mixed), "--data", str(data), "-o", str(table)).returncode == 0
         args += ["--calib", str(table)]
     run = _npuc(*args)

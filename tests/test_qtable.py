@@ -14,6 +14,7 @@ import pytest
 from npuc.compiler.errors import UserError
 from npuc.models.make_models import make_model
 from npuc.passes.qtable import beside, format_qtable, read_qtable, write_qtable
+from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:
@@ -26,11 +27,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, su
     folder = tmp_path_factory.mktemp("qtable")
     model = folder / "tinycnn.onnx"
     model.write_bytes(make_model("tinycnn").SerializeToString())
-    data = folder / "data"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(10):
-        np.save(data / f"{i}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    data = random_samples(folder / "data", (1, 3, 32, 32), 10)
     table = folder / "t.txt"
     run = _npuc("calibrate", str(model), "--data", str(data), "-o", str(table), "--target-cos", "0.99999",
                 "--max-float-layers", "3")  # fmt: skip
