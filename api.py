@@ -114,6 +114,14 @@ def run(path: str | Path, feeds: Mapping[str, np.ndarray], input_shapes: InputSh
     return kind.run(Path(path), dict(feeds), ArtifactOptions(input_shapes=_as_shape_dict(input_shapes)))
 
 
+class CheckResult(dict):
+    """(target, format) -> the gaps `check` found there, and how many ops the canonical graph has."""
+
+    def __init__(self, op_count: int) -> None:
+        super().__init__()
+        self.op_count = op_count
+
+
 def check(
     model: str | Path,
     target: str = "all",
@@ -121,7 +129,7 @@ def check(
     quant: str | None = None,
     chip: str | None = None,
     input_shapes: InputShapes = None,
-) -> dict[tuple[str, str], list[Any]]:
+) -> CheckResult:
     """Every op of an ONNX `model` that `target` ("all": every target that builds) cannot run, per number format.
 
     Each (target, quant) pair gets a trial build into a temporary folder, on a throwaway max-abs table from one
@@ -149,7 +157,7 @@ def check(
     shapes = _as_shape_dict(input_shapes) or None
     graph = import_onnx(model, shapes, [])
     canonicalize(graph)
-    found: dict[tuple[str, str], list[Any]] = {}
+    found = CheckResult(op_count=len(graph.ops))
     with tempfile.TemporaryDirectory(prefix="npuc-check-") as scratch:
         table = None
         for t in chosen:

@@ -55,13 +55,4 @@ def register(app: typer.Typer) -> None:
         typer.echo(detect(path).describe(path, options))
         if target is not None:
             found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
-            typer.echo(coverage_report(found, _op_count(path, input_shape)))
-
-
-def _op_count(path: Path, input_shape: list[str]) -> int:
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
-
-    graph = import_onnx(path, parse_input_shapes(input_shape) or None, [])
-    canonicalize(graph)
-    return len(graph.ops)
+            typer.echo(coverage_report(found, found.op_count))
