@@ -244,9 +244,9 @@ def calibrate(
     """Calibrate `model` on `data` (folders, sample files, .txt lists) and write what `npuc calibrate` writes:
     the tpu-mlir table at `output`, `<output>.refine.npz` (`refine`, `split_channels`), `<output>.qtable` (the
     float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`)."""
-    from npuc.compiler.commands.compare import DEFAULT_MAX_FLOAT_LAYERS
     from npuc.passes import calibrate as calib
     from npuc.passes.calitable import write_table
+    from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
     from npuc.passes.histogram import DEFAULT_BINS, load_stats
     from npuc.passes.histogram import save_stats as write_stats
     from npuc.passes.preprocess import Preprocess, list_samples
@@ -364,8 +364,8 @@ def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, patterns:
     comments = [f"npuc calibrate: {line}" for line in lines]
     chosen: list[str] = []
     if held_out:
-        from npuc.compiler.commands.compare import held_out_search
         from npuc.passes.calibrate import plan_calibration
+        from npuc.passes.compare import held_out_search
         from npuc.passes.preprocess import load_sample
 
         inputs = plan_calibration(model, shapes or None).inputs

@@ -253,9 +253,9 @@ def npuc_int8_outputs(
     model: Path, table, feeds: Sequence[dict[str, np.ndarray]], float_layers: Sequence[str] = ()
 ) -> np.ndarray:
     """The cv18xx int8 reference interpreter's outputs (with `float_layers` kept in bf16)."""
-    from npuc.compiler.commands.compare import Comparison
     from npuc.compiler.interp import run
     from npuc.compiler.kernels.quantized import QUANT_KERNELS
+    from npuc.passes.compare import Comparison
     from npuc.passes.quantize import quantize
 
     comparison = Comparison(model, table, feeds[:1], "cv18xx_int8")
@@ -540,7 +540,7 @@ def measure(
         if diagnosis:
             rows += diagnose(model, table, calib, feeds, ref)
         if mixed is not None:
-            from npuc.compiler.commands.compare import Comparison, auto_mixed
+            from npuc.passes.compare import Comparison, auto_mixed
 
             chosen = auto_mixed(Comparison(model, table, feeds[::4], "cv18xx_int8"), mixed, max_float)
             got = npuc_int8_outputs(model, table, feeds, chosen.float_layers)

@@ -289,7 +289,7 @@ def test_pictures_without_pillow_ask_for_it(tmp_path: Path) -> None:
 def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_path: Path) -> None:
     # Paddle-exported models (PP-LCNet) name nodes "Conv.0" and tensors "p2o...": tpu-mlir's row for a
     # conv with BN folded in is `<conv output>_Conv`, while the IR keeps the BN output's name.
-    from npuc.compiler.commands.compare import Comparison
+    from npuc.passes.compare import Comparison
     from npuc.passes.quantize import thresholds_for_graph
 
     rng = np.random.default_rng(7)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
 from npuc.compiler.cli import main
-from npuc.compiler.commands.compare import Comparison, auto_mixed, compare_model
 from npuc.passes.calitable import format_table, read_table
+from npuc.passes.compare import Comparison, auto_mixed, compare_model
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"

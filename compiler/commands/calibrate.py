@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from npuc.compiler.commands.compare import DEFAULT_MAX_FLOAT_LAYERS
+from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.passes.histogram import DEFAULT_BINS
 from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
 from typer.core import TyperGroup
