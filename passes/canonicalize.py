@@ -10,7 +10,7 @@ import numpy as np
 from npuc.compiler import ops
 from npuc.compiler.fold import fold_constant_ops
 from npuc.compiler.ir import Graph, Op
-from npuc.passes import activation_patterns  # noqa: F401  (registers its rewrites)
+from npuc.passes import activation_patterns, norm_patterns  # noqa: F401  (register their rewrites)
 from npuc.passes.rewrites import REWRITES, rewrite, sole_user
 
 # Order matters: patterns are recognised before activations fuse into their producers (a fused
@@ -20,6 +20,7 @@ PIPELINE = (
     "absorb_nhwc_input_transpose",
     "merge_transpose_axes",
     "drop_noop_reshape",
+    "recognize_layer_norm",
     "spatial_reduce_to_global_pool",
     "recognize_gelu",
     "recognize_hard_sigmoid",

@@ -197,3 +197,46 @@ def test_batchnorm_after_a_squeeze_without_a_conv_stays():
     _check(
         _model(nodes, [*bn, ax], in_shape=(1, 4, 1, 8)), {"scale_before_reshape": 0}, {"reshape": 1, "channel_scale": 1}
     )
+
+
+def _layer_norm_nodes(square: str, divide: str, affine: bool, axes: list[int]) -> tuple[list, list]:
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=axes),
+        helper.make_node("Sub", ["x", "m"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["sq"])
+        if square == "pow"
+        else helper.make_node("Mul", ["d", "d"], ["sq"]),  # noqa: E501
+        helper.make_node("ReduceMean", ["sq"], ["v"], axes=axes),
+        helper.make_node("Add", ["v", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["s"]),
+    ]
+    last = "y" if not affine else "n"
+    if divide == "div":
+        nodes.append(helper.make_node("Div", ["d", "s"], [last]))
+    else:
+        nodes += [helper.make_node("Reciprocal", ["s"], ["r"]), helper.make_node("Mul", ["r", "d"], [last])]
+    tail = (8,) if axes == [-1] else (6, 8)
+    inits = [_const("two", 2.0), _const("eps", 1e-5)]
+    if affine:
+        nodes += [helper.make_node("Mul", ["n", "gamma"], ["g"]), helper.make_node("Add", ["g", "beta"], ["y"])]
+        inits += [_const("gamma", RNG.standard_normal(tail)), _const("beta", RNG.standard_normal(tail))]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("divide", ["div", "reciprocal"])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("axes", [[-1], [2, 3]])
+def test_layer_norm_from_primitives(square, divide, affine, axes):
+    nodes, inits = _layer_norm_nodes(square, divide, affine, axes)
+    model = _model(nodes, inits, in_shape=(1, 4, 6, 8))
+    graph = _check(model, {"recognize_layer_norm": 1})
+    assert [op.kind for op in graph.ops] == ["layer_norm"]
+
+
+def test_layer_norm_spelling_whose_centred_value_is_also_an_output_stays():
+    nodes, inits = _layer_norm_nodes("pow", "div", False, [-1])
+    model = _model(nodes, inits, in_shape=(1, 4, 6, 8))
+    model.graph.output.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, None))
+    graph = import_model(model)
+    assert "recognize_layer_norm" not in canonicalize(graph)
