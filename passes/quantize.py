@@ -90,6 +90,29 @@ def thresholds_for_graph(
     return result
 
 
+FEW_MISSING = 4  # a table may lack this many tensors (or a tenth of them), e.g. inputs the model only casts
+
+
+def _check_table_fits(graph: Graph, thresholds: ThresholdMap, partial: bool) -> None:
+    """A table made for another model is an error; a few tensors without a threshold (and rows that name
+    nothing here) are a note: the ops reading or writing them run in the fallback format."""
+    activations = [*graph.inputs, *(out for op in graph.ops for out in op.outputs)]
+    total = sum(graph.tensors[n].dtype == "float32" for n in activations)
+    missing, unknown = thresholds.missing, thresholds.unknown
+    if len(missing) > max(FEW_MISSING, total // 10) and not partial:
+        raise UserError(
+            f"the calibration table was made for another model: {len(missing)} of this model's {total} tensors "
+            f"have no threshold (e.g. {', '.join(missing[:3])}) and {len(unknown)} of its rows name none; "
+            "calibrate this model (`npuc calibrate`), or pass --allow-partial-table to run those ops in bf16"
+        )
+    if missing or unknown:
+        graph.notes.append(
+            f"calibration table: {len(missing)} tensor(s) without a threshold ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}) run in the fallback format; {len(unknown)} row(s) name no "
+            "tensor of this model"
+        )
+
+
 SCHEMES: Mapping[str, Scheme] = MappingProxyType(
     {
         "cv18xx_int8": Scheme("cv18xx_int8", CV18XX_INT8_RULES, fallback="cv18xx_bf16"),
@@ -135,10 +158,12 @@ def quantize(
     scheme: str,
     float_layers: Iterable[str] = (),
     table_names: Mapping[str, str] | None = None,
+    partial_table: bool = False,
 ) -> Graph:
     """A quantized copy of `graph` (the float graph is left untouched) for `interp.run(..., QUANT_KERNELS)`.
 
     `float_layers`: op names or output tensor names kept in the scheme's fallback format (bf16 for cv18xx).
+    `partial_table`: a calibration table that lacks many of the model's tensors is used anyway (else an error).
     """
     if scheme not in SCHEMES:
         raise UserError(f"unknown quantization scheme '{scheme}'; choose one of {sorted(SCHEMES)}")
@@ -146,7 +171,8 @@ def quantize(
     fallback = SCHEMES[main.fallback] if main.fallback else None
     qgraph = copy.deepcopy(graph)
     if isinstance(table, CalibrationTable):
-        thresholds = thresholds_for_graph(qgraph, table, table_names=table_names)
+        thresholds = thresholds_for_graph(qgraph, table, warn=False, table_names=table_names)
+        _check_table_fits(qgraph, thresholds, partial_table)
     else:
         thresholds = copy.deepcopy(table) if table is not None else ThresholdMap()  # never edit the caller's
     keep_float = set(float_layers)

@@ -69,3 +69,23 @@ def test_cv180x_builds_say_when_they_need_cpu_functions(model: Path, tmp_path: P
                      options={"quant_input": True})  # fmt: skip
     other = npuc.build(model, "cv18xx", tmp_path / "c.cvimodel", chip="cv181x", calib=table)
     assert not any("CPU functions" in n for n in [*fed.notes, *other.notes])
+
+
+def test_a_table_made_for_another_model_is_one_line_exit_2(model: Path, tmp_path: Path) -> None:
+    """A table whose rows name none of the model's tensors: exit 2 and nothing written; --allow-partial-table
+    builds (those ops in bf16) and says so in a note."""
+    import npuc
+
+    other = tmp_path / "other.onnx"
+    other.write_bytes(make_model("resnet_stem_tall").SerializeToString())
+    table = tmp_path / "tinycnn.txt"
+    npuc.calibrate(model, [random_samples(tmp_path / "data", (1, 3, 32, 32), 3)], table)
+    cmd = [sys.executable, "-m", "npuc", "build", str(other), "--target", "cv18xx", "--calib", str(table)]
+    run = subprocess.run([*cmd, "-o", str(tmp_path / "a.cvimodel")], capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "the calibration table was made for another model" in run.stderr and "--allow-partial-table" in run.stderr
+    assert not (tmp_path / "a.cvimodel").exists()
+    run = subprocess.run([*cmd, "--allow-partial-table", "-o", str(tmp_path / "b.cvimodel")], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert run.returncode == 0 and "note: calibration table: " in run.stdout, run.stdout
+    assert "tensor(s) without a threshold" in run.stdout and "Warning" not in run.stderr  # a note, not a warning

@@ -34,3 +34,11 @@ def test_expf_equals_the_c_library() -> None:
     differ = got != exact
     assert 20 < differ.sum() < 1000
     assert np.abs(got[differ].view(np.int32) - exact[differ].view(np.int32)).max() == 1
+
+
+def test_expf_out_of_range_equals_the_c_library() -> None:
+    """Underflow to 0 (an attention mask's -FLT_MAX), overflow to +inf, the edges, infinities and NaN."""
+    x = np.float32([-3.4028235e38, -1e30, -104.0, -103.972, -103.97, -87.5, 88.72, 88.7229, 88.8, 1e30,
+                    -np.inf, np.inf, np.nan])  # fmt: skip
+    got, want = expf(x), _libm_expf(x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

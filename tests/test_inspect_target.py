@@ -24,13 +24,13 @@ def _npuc(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """conv -> ReduceMean over channels -> Exp -> Add back onto the conv (broadcast over channels)."""
+    """conv -> ReduceMin over channels (no cv18xx kernel) -> Exp -> Add back onto the conv (broadcast)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype(np.float32), "w")
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("ReduceMean", ["c"], ["r"], name="mean", axes=[1], keepdims=1),
+        helper.make_node("ReduceMin", ["c"], ["r"], name="low", axes=[1], keepdims=1),
         helper.make_node("Exp", ["r"], ["e"], name="exp"),
         helper.make_node("Add", ["e", "c"], ["y"], name="add"),
     ]
@@ -54,10 +54,10 @@ def _names(gaps) -> list[str]:  # noqa: ANN001
 def test_cv18xx_lists_every_op_per_format(mixed: Path) -> None:
     found = api.check(mixed, "cv18xx")
     assert set(found) == {("cv18xx", "int8"), ("cv18xx", "bf16")}
-    assert _names(found["cv18xx", "int8"]) == ["mean"]  # int8 exp is a table lookup
-    assert _names(found["cv18xx", "bf16"]) == ["mean", "exp"]  # both, although exp comes after the failed mean
+    assert _names(found["cv18xx", "int8"]) == ["low"]  # int8 exp is a table lookup
+    assert _names(found["cv18xx", "bf16"]) == ["low", "exp"]  # both, although exp comes after the failed min
     exp = found["cv18xx", "bf16"][1]
-    assert exp.kind == "activation" and "bf16 exp has no cv18xx kernel" in exp.reason and exp.after == ("mean",)
+    assert exp.kind == "activation" and "bf16 exp has no cv18xx kernel" in exp.reason and exp.after == ("low",)
 
 
 @pytest.mark.parametrize("target, quant", [("cv18xx", "int8"), ("cv18xx", "bf16"), ("bm1880", "int8"),
@@ -87,11 +87,11 @@ def test_a_model_reported_clean_builds(tinycnn: Path, tmp_path: Path) -> None:
 
 
 def test_stand_ins_keep_later_ops_judged_on_their_own(mixed: Path) -> None:
-    """DMP: after the failed ReduceMean, exp is judged on a stand-in input; the Add's own reason (a broadcast
+    """DMP: after the failed ReduceMin, exp is judged on a stand-in input; the Add's own reason (a broadcast
     DV700 cannot do) is still reported."""
     gaps = api.check(mixed, "dmp", quant="fp16")["dmp", "fp16"]
     by_op = {g.op: g for g in gaps}
-    assert "no DV700 lowering" in by_op["mean"].reason and by_op["mean"].after == ()
+    assert "no DV700 lowering" in by_op["low"].reason and by_op["low"].after == ()
     assert "eltwise add" in by_op["add"].reason and by_op["add"].judged
 
 
@@ -101,7 +101,7 @@ def test_cli_report(mixed: Path) -> None:
     out = run.stdout
     assert "npuc IR after canonicalization: 4 ops" in out  # the usual description comes first
     assert "cv18xx (int8): 1 of 4 ops will not run" in out and "cv18xx (bf16): 2 of 4 ops will not run" in out
-    assert "  mean (reduce): a reduce op has no cv18xx kernel" in out
+    assert "  low (reduce): reduce min has no cv18xx kernel" in out
     assert "lyngor (fp16): every op runs" in out
     for target in (t.name for t in all_targets() if t.build is not None):
         assert f"\n{target} (" in out

@@ -29,6 +29,7 @@ SPEC_SHA256 = {
     "ddddocr_crnn": "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
     "ppocrv6_rec_tiny": "9ef676d6ed3c88256a2d92c640c44f25b0c40947e111b14b8be8f594091563e6",
     "picodet_layout": "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c",
+    "minilm_l3": "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16",
 }
 SPEC_SIZES = {
     "pplcnet_orientation": 6783084,
@@ -42,6 +43,7 @@ SPEC_SIZES = {
     "ddddocr_crnn": 54088400,
     "ppocrv6_rec_tiny": 4462639,
     "picodet_layout": 7423528,
+    "minilm_l3": 69060623,
 }
 
 
@@ -65,9 +67,8 @@ def test_real_model_hash_and_output_shapes(name: str, real_model) -> None:
     assert hashlib.sha256(data).hexdigest() == SPEC_SHA256[name] == fetch.REAL_MODELS[name].sha256
     model = fetch.REAL_MODELS[name]
     feed = images.model_inputs(name, 1)[0]
-    assert list(feed) == [model.input_name]
-    assert feed[model.input_name].shape == model.input_shape
-    assert feed[model.input_name].dtype == np.float32
+    assert {k: v.shape for k, v in feed.items()} == model.input_shapes
+    assert all(v.dtype == (np.int64 if model.feed == "tokens" else np.float32) for v in feed.values())
     outs = _run(path, feed)
     assert {k: v.shape for k, v in outs.items()} == model.output_shapes
     assert all(np.isfinite(v).all() for v in outs.values())
@@ -102,6 +103,23 @@ def test_mtcnn_scores_lfw_faces(name: str, score: str, real_model) -> None:
     assert (face[:100] > 0.5).sum() == 100  # LFW's first 100 crops are faces
     assert (face[100:] > 0.5).sum() == 0  # the rest are not
     assert face[:100].min() > 0.95
+
+
+def test_sentence_encoder_embeds_paraphrases_together(real_model) -> None:
+    """The token ids of models/text.py mean what their sentences say: each paraphrase pair is close, every
+    other pair far apart (measured: pairs 0.91, others -0.10 .. 0.33)."""
+    from npuc.models.text import SENTENCES
+
+    path = real_model("minilm_l3")
+    feeds = images.model_inputs("minilm_l3", len(SENTENCES))
+    emb = np.concatenate([_run(path, feed)["461"] for feed in feeds])
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    similar = emb @ emb.T
+    for i in range(len(SENTENCES)):
+        for j in range(len(SENTENCES)):
+            if i != j:
+                paraphrase = i // 2 == j // 2 and max(i, j) < 4
+                assert (similar[i, j] >= 0.8) if paraphrase else (similar[i, j] <= 0.5), (i, j, similar[i, j])
 
 
 def test_mtcnn_pnet_fires_on_astronaut_face_not_colorwheel(real_model) -> None:

@@ -198,8 +198,8 @@ def test_thresholds_for_graph_reports_unknown_and_missing(smallcnn):
 
 def test_missing_threshold_falls_back_to_bf16(smallcnn, table, feed):
     rows = {k: v for k, v in table.entries.items() if k != "relu_38_Relu"}
-    with pytest.warns(UserWarning):
-        qgraph = quantize(smallcnn, CalibrationTable(entries=rows), "cv18xx_int8")
+    qgraph = quantize(smallcnn, CalibrationTable(entries=rows), "cv18xx_int8")
+    assert any(n.startswith("calibration table: 1 tensor(s) without a threshold (relu_38)") for n in qgraph.notes)
     modes = {op.name: op.attrs.quant.mode for op in qgraph.ops}
     assert modes["conv_37"] == "bf16" and modes["conv_28"] == "int8"
     assert run(qgraph, feed, kernels=QUANT_KERNELS)["output"].shape == (1, 10)
@@ -365,3 +365,11 @@ def test_int8_lut_outside_the_functions_domain_is_defined() -> None:
     negative = np.r_[129:256]  # bytes of the codes -127..-1
     assert (root[negative] == 0).all() and root[127] == 127  # sqrt(4) = 2 = th_y
     assert (log[negative] == 0).all() and log[0] == -128  # NaN -> 0; log(0) = -inf saturates
+
+
+def test_a_table_made_for_another_model_is_refused(smallcnn):
+    rows = {"input": Threshold(4.0, -4.0, 4.0), "nosuch_Conv": Threshold(1.0, -1.0, 1.0)}
+    with pytest.raises(UserError, match="made for another model: 10 of this model's 11 tensors have no threshold"):
+        quantize(smallcnn, CalibrationTable(entries=rows), "cv18xx_int8")
+    qgraph = quantize(smallcnn, CalibrationTable(entries=rows), "cv18xx_int8", partial_table=True)
+    assert {op.attrs.quant.mode for op in qgraph.ops if op.kind == "conv2d"} == {"bf16"}

@@ -15,7 +15,7 @@ from npuc.passes.canonicalize import canonicalize
 
 REAL = [
     "pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny", "yolov8n_320",
-    "ppocrv4_rec", "ddddocr_crnn", "ppocrv6_rec_tiny", "picodet_layout",
+    "ppocrv4_rec", "ddddocr_crnn", "ppocrv6_rec_tiny", "picodet_layout", "minilm_l3",
 ]  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def _ort_outputs(path, feeds) -> dict[str, np.ndarray]:
 def test_real_model_matches_onnxruntime(name, real_model):
     path = real_model(name)
     spec = get_model(name)
-    graph = import_onnx(path, {spec.input_name: spec.input_shape})
+    graph = import_onnx(path, spec.input_shapes)
     fired = canonicalize(graph)
     samples = model_inputs(name, 2)
     for feeds in samples:
@@ -56,7 +56,7 @@ def test_canonicalize_rewrites_fire_on_real_models(real_model):
     }
     for name, rewrites in expectations.items():
         spec = get_model(name)
-        graph = import_onnx(real_model(name), {spec.input_name: spec.input_shape})
+        graph = import_onnx(real_model(name), spec.input_shapes)
         fired = canonicalize(graph)
         for rewrite in rewrites:
             assert fired.get(rewrite, 0) > 0, f"{name}: {rewrite} did not fire ({fired})"

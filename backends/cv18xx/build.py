@@ -6,7 +6,8 @@ fp32 in their io regions. `--quant-input` / `--quant-output` keep the model's ed
 model converts its input on the TPU. Unlike tpu-mlir, the CPU routines' tensors share the shared region's
 liveness plan instead of taking private memory of their own.
 
-Options read from `request.options`: quant_input, quant_output, float_layers (list), layer_group (bool,
+Options read from `request.options`: quant_input, quant_output, float_layers (list), allow_partial_table
+(a calibration table missing many of the model's tensors is used anyway), layer_group (bool,
 default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group.py), sync
 ("parallel", the default: descriptors wait only for true dependencies, or "serial": cvikernel's fully ordered
 scheme; sync.py), compress_weights (bool, default on: filters stored VLC-compressed where that is smaller,
@@ -29,8 +30,10 @@ from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_sch
 from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.fbcodec import encode as fb_encode
 from npuc.backends.cv18xx.generate import generate
+from npuc.backends.cv18xx.inputs import INTEGER_DTYPES, settle_integer_inputs
 from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
+from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler import ops
 from npuc.compiler.coverage import stop_if_gaps
 from npuc.compiler.errors import UserError
@@ -46,7 +49,7 @@ from npuc.passes.quantize import quantize
 DEFAULT_CHIP = "cv181x"
 SCHEMES = {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}
 REGION_SHIFT = 40
-DTYPE_CODES = {"float32": 0, "bf16": 3, "int8": 6}
+DTYPE_CODES = {"float32": 0, "int32": 1, "bf16": 3, "int8": 6}
 QUANT_TYPES = {"float32": 0, "bf16": 1, "int8": 2}
 ALIAS_KINDS = ("reshape",)
 BUILD_TIME_ENV = "SOURCE_DATE_EPOCH"  # reproducible builds: the build time comes from here when set
@@ -56,6 +59,8 @@ def _fmt_of(graph: Graph, name: str) -> str:
     t = graph.tensors[name]
     if t.dtype == "int8":
         return "int8"
+    if t.dtype in INTEGER_DTYPES:  # embedding indices (inputs.py): int32 in the cvimodel
+        return "int32"
     if t.quant is not None and t.quant.scheme == "bf16":
         return "bf16"
     return "float32"
@@ -81,6 +86,17 @@ def _split_edges(qgraph: Graph, quant_input: bool, quant_output: bool) -> tuple[
             continue
         tpu.append(op)
     return cpu, tpu, outputs
+
+
+def _is_embedding(qgraph: Graph, op: Op) -> bool:
+    """A row lookup in a constant table by a model input: the runtime's CPU `embedding` routine, before the TPU."""
+    return (
+        op.kind == "gather"
+        and op.attrs.axis == 0
+        and op.inputs[1] in qgraph.inputs
+        and qgraph.const(op.inputs[0]) is not None
+        and len(qgraph.shape(op.inputs[0])) == 2
+    )
 
 
 def _softmax_tail(qgraph: Graph) -> list[Op]:
@@ -189,6 +205,14 @@ def _rename(graph: Graph, old: str, new: str) -> None:
         op.inputs = [new if n == old else n for n in op.inputs]
 
 
+def _read_outside(graph: Graph, seg: list[Op]) -> set[str]:
+    """Outputs of the segment's ops that an op of another segment (or a CPU routine) reads: a layer group
+    must write them to gmem, not keep them in local memory."""
+    inside = {id(op) for op in seg}
+    made = {out for op in seg for out in op.outputs}
+    return {name for op in graph.ops if id(op) not in inside for name in op.inputs if name in made}
+
+
 def _aliases(graph: Graph, ops: list[Op], pinned: set[str]) -> dict[str, str]:
     return {
         op.outputs[0]: op.inputs[0]
@@ -262,12 +286,17 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
                 "-o TABLE` and pass --calib TABLE, or build with --quant bf16"
             )
         table = read_table(request.calib_table)
-    qgraph = quantize(
-        copy.deepcopy(request.graph), table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request)
-    )
+    graph = copy.deepcopy(request.graph)
+    input_notes = settle_integer_inputs(graph)
+    qgraph = quantize(graph, table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request),
+                      partial_table=bool(opts.get("allow_partial_table")))  # fmt: skip
+    qgraph.notes[:0] = input_notes
     tail_ops = _softmax_tail(qgraph)
     islands = _softmax_islands(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
+    embeddings = [op for op in tpu_ops if _is_embedding(qgraph, op)]
+    cpu_ops += embeddings
+    tpu_ops = [op for op in tpu_ops if op not in embeddings]
     _nhwc_inputs(qgraph, cpu_ops, tpu_ops)
     tpu_outputs = [op.inputs[0] if op.outputs[0] in outputs else None for op in tail_ops]
     tpu_outputs = [o for o in outputs if o not in {op.outputs[0] for op in tail_ops}] + [
@@ -281,7 +310,9 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     stream = lambda: CmdStream(chip, sync=opts.get("sync", "parallel"))  # noqa: E731
     cg = Codegen(chip, qgraph, MemoryPlan(), fmt, stream(), compress_weights=bool(opts.get("compress_weights", True)))
     segments = [
-        layer_groups(cg, seg, pinned | set(tpu_outputs)) if opts.get("layer_group", True) else seg
+        layer_groups(cg, seg, pinned | set(tpu_outputs) | _read_outside(qgraph, seg))
+        if opts.get("layer_group", True)
+        else seg
         for seg in _segments([op for op in tpu_ops], islands)
     ]
     units = [u for seg in segments for u in seg]
@@ -317,7 +348,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         **{key: sum(st.counts()[key] for st in streams) for key in streams[0].counts()},
         **({"cpu_softmax_routines": len(islands)} if islands else {}),
     }
-    cpu = [op.kind if op.kind != "cast" else "quant" for op in [*cpu_ops, *islands, *tail_ops]]
+    cpu = [{"cast": "quant", "gather": "embedding"}.get(op.kind, op.kind) for op in [*cpu_ops, *islands, *tail_ops]]
     if chip.name == "cv180x" and cpu:  # specs/cv18xx.md §2: its runtime is built with ENABLE_CPU_FUNC=OFF
         qgraph.notes.append(
             f"the cv180x runtime has no CPU functions, and this model needs {len(cpu)} ({', '.join(sorted(set(cpu)))}):"
@@ -351,16 +382,22 @@ def _assemble(
     routine_types = schema.enums["RoutineType"].values
     routines = []
 
-    def cpu_routine(op: Op, function: str, args: bytes) -> Any:
+    def cpu_routine(op: Op, function: str, args: bytes, in_tensors: list[str] | None = None) -> Any:
         return schema.new(
             "Routine",
             type=routine_types["CPU"],
-            in_tensors=[op.inputs[0]],
+            in_tensors=in_tensors or [op.inputs[0]],
             out_tensors=[op.outputs[0]],
             cpu_routine=schema.new("CpuRoutine", function_section=function, function_args=args),
         )
 
     for op in cpu_ops:
+        if op.kind == "gather":  # the table is a weight the runtime finds by name (weight_map, with its shape)
+            table = g.const(op.inputs[0])
+            rows = (table if table.dtype == np.int8 else bf16_bits(table)).reshape(*table.shape, 1, 1)
+            cg.weights.add(op.inputs[0], rows, "i8" if table.dtype == np.int8 else "bf16")
+            routines.append(cpu_routine(op, "embedding", _cpu_args(), [op.inputs[1], op.inputs[0]]))
+            continue
         scale = 127.0 / g.tensors[op.outputs[0]].quant.threshold
         routines.append(cpu_routine(op, "quant", _cpu_args(**{"from": "FP32", "scale": scale, "to": "INT8"})))
     order = list(g.tensors)

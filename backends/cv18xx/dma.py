@@ -118,16 +118,20 @@ def copy_global(stream: CmdStream, src: GTensor, dst: GTensor) -> None:
     )
 
 
-def copy_local(stream: CmdStream, src: LTensor, dst: LTensor, round_toward_zero: bool = False) -> None:
+def copy_local(stream: CmdStream, src: LTensor, dst: LTensor, round_toward_zero: bool = False,
+               exponent_index: bool = False) -> None:  # fmt: skip
     """lmem -> lmem, same element count, converting between int8 and bf16 when the formats differ; bf16 ->
-    int8 rounds to nearest even, or toward zero with `round_toward_zero` (`int8_rnd_mode`), and saturates."""
-    stream.tdma(
-        {
-            "trans_dir": 3,
-            **_local("src", src),
-            **_local("dst", dst),
-            **_shapes(src.shape, dst.shape),
-            **_formats(src.fmt, dst.fmt),
-            "int8_rnd_mode": int(round_toward_zero),
-        }
-    )
+    int8 rounds to nearest even, or toward zero with `round_toward_zero` (`int8_rnd_mode`), and saturates.
+    `exponent_index` (bf16 -> bf16, `mv_lut_idx`) writes each value's exponent-table index instead: the sign
+    in bit 7, the unbiased exponent + 63 in bits 0..6 (a lookup then reads it as the low byte)."""
+    fields = {
+        "trans_dir": 3,
+        **_local("src", src),
+        **_local("dst", dst),
+        **_shapes(src.shape, dst.shape),
+        **_formats(src.fmt, dst.fmt),
+        "int8_rnd_mode": int(round_toward_zero),
+    }
+    if exponent_index:
+        fields["mv_lut_idx"] = 1
+    stream.tdma(fields)

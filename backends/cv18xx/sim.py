@@ -246,6 +246,14 @@ def tensor_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
     return mem[local : local + t.size].view(DTYPES[t.dtype])
 
 
+class _WeightTensor:
+    """A weight_map entry seen as a tensor_map entry (name, offset, size, dtype, shape)."""
+
+    def __init__(self, weight: Any) -> None:
+        self.name, self.offset, self.size, self.shape = weight.name, weight.offset, weight.size, weight.shape
+        self.dtype = weight.type
+
+
 TpuRunner = Callable[[Machine, bytes, int, str], None]
 
 
@@ -258,6 +266,8 @@ def run_routines(model: CviModel, machine: Machine, program: int = 0, run_tpu: T
     through the built-in functions."""
     prog = model.body.programs[program]
     tensors = {t.name: t for t in prog.tensor_map}
+    # a CPU function reads constants (an embedding table) by name from the weight map, as the runtime does
+    weights = {w.name: _WeightTensor(w) for w in model.body.weight_map or [] if w.shape is not None}
     routine_types = model_schema().enums["RoutineType"].values
     for i, r in enumerate(prog.routines):
         if r.type == routine_types["TPU"]:
@@ -268,13 +278,14 @@ def run_routines(model: CviModel, machine: Machine, program: int = 0, run_tpu: T
         if fn is None:
             raise UnsupportedError(f"CPU function {r.cpu_routine.function_section!r} is not simulated")
         args = decode_cpu_args(r.cpu_routine.function_args)
-        missing = [n for n in [*r.in_tensors, *r.out_tensors] if n not in tensors]
+        missing = [n for n in [*r.in_tensors, *r.out_tensors] if n not in tensors and n not in weights]
         if not r.in_tensors or not r.out_tensors or missing:
             raise CorruptFileError(
                 f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(r.in_tensors)} input and "
-                f"{len(r.out_tensors)} output tensors" + (f", '{missing[0]}' not in the tensor map" if missing else "")
+                f"{len(r.out_tensors)} output tensors"
+                + (f", '{missing[0]}' in neither the tensor map nor the weight map" if missing else "")
             )
-        ins = [_shaped_view(machine.gmem, tensors[n]) for n in r.in_tensors]
+        ins = [_shaped_view(machine.gmem, tensors[n] if n in tensors else weights[n]) for n in r.in_tensors]
         outs = [_shaped_view(machine.gmem, tensors[n]) for n in r.out_tensors]
         results = fn(args, ins, [(o.dtype, o.shape) for o in outs])
         if len(results) != len(outs) or not outs:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from npuc.backends.cv18xx.sim_libm import expf
-from npuc.compiler.errors import CorruptFileError, UnsupportedError
+from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 
 Out = tuple[np.dtype, tuple[int, ...]]  # the dtype and shape of one output tensor
 CpuFunction = Callable[[dict[str, Any], Sequence[np.ndarray], Sequence[Out]], list[np.ndarray]]
@@ -125,7 +125,31 @@ def _bf16_order(bits: np.ndarray) -> np.ndarray:
     return bits.astype(np.uint16).view(np.int16).astype(np.int64)
 
 
+INDEX_DTYPES = (np.int16, np.uint16, np.int32, np.uint32)
+
+
+def cpu_embedding(args: dict[str, Any], inputs: Sequence[np.ndarray], outs: Sequence[Out]) -> list[np.ndarray]:
+    """`embedding`: inputs (indices, table); each index copies one table row (dim 1 of the table's shape long)
+    into the output, in order. The runtime does not check the indices: one outside the table is an error here."""
+    if len(inputs) != 2:
+        raise CorruptFileError(f"CPU embedding takes indices and a table, got {len(inputs)} inputs")
+    indices, table = inputs
+    if indices.dtype not in INDEX_DTYPES:
+        raise UnsupportedError(f"CPU embedding with {indices.dtype} indices is not simulated (16/32-bit integers)")
+    if table.dtype != outs[0][0] or table.ndim < 2 or table.shape[1] == 0:
+        raise CorruptFileError(f"CPU embedding: a {table.dtype} table of shape {table.shape} for a {outs[0][0]} output")
+    rows = table.reshape(-1, table.shape[1])
+    flat = indices.reshape(-1).astype(np.int64)
+    bad = (flat < 0) | (flat >= rows.shape[0])
+    if bad.any():
+        raise UserError(f"CPU embedding: index {flat[bad][0]} is outside the table's {rows.shape[0]} rows")
+    if flat.size * rows.shape[1] != math.prod(outs[0][1]):
+        raise CorruptFileError(f"CPU embedding: {flat.size} rows of {rows.shape[1]} do not fill output {outs[0][1]}")
+    return [rows[flat].reshape(outs[0][1])]
+
+
 CPU_FUNCTIONS: dict[str, CpuFunction] = {
+    "embedding": cpu_embedding,
     "quant": cpu_quant,
     "softmax": cpu_softmax,
     "interp": cpu_interp,

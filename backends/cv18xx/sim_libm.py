@@ -26,9 +26,15 @@ _I = np.arange(N, dtype=np.uint64)
 _TABLE = np.exp2(_I.astype(np.float64) / N).view(np.uint64) - ((_I << np.uint64(52)) // np.uint64(N))
 
 
+UNDERFLOW = float.fromhex("-0x1.9fe368p6")  # below: exp is 0 (glibc's underflow path)
+OVERFLOW = float.fromhex("0x1.62e42ep6")  # above: exp is +inf
+
+
 def expf(x: np.ndarray) -> np.ndarray:
-    """float32 exp of float32 `x` as glibc computes it (finite inputs whose result is a normal float or 0)."""
-    x = np.asarray(x, np.float32).astype(np.float64)
+    """float32 exp of float32 `x` as glibc computes it: the table path in range, 0 below UNDERFLOW (the
+    -FLT_MAX of an attention mask included), +inf above OVERFLOW, NaN for NaN."""
+    x32 = np.asarray(x, np.float32)
+    x = np.clip(x32.astype(np.float64), UNDERFLOW, OVERFLOW)  # the table path on in-range values only
     z = _INV_LN2_N * x
     kd = z + _SHIFT
     ki = kd.view(np.uint64)
@@ -37,4 +43,7 @@ def expf(x: np.ndarray) -> np.ndarray:
     c0, c1, c2 = _POLY
     y = (c0 * r + c1) * (r * r) + (c2 * r + 1.0)
     with np.errstate(over="ignore", under="ignore"):
-        return (y * scale).astype(np.float32)
+        result = (y * scale).astype(np.float32)
+    result = np.where(x32 < UNDERFLOW, np.float32(0), result)
+    result = np.where(x32 > OVERFLOW, np.float32(np.inf), result)
+    return np.where(np.isnan(x32), x32, result).astype(np.float32)

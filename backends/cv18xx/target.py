@@ -9,7 +9,16 @@ register_target(
         name="cv18xx",
         chips=("cv183x", "cv182x", "cv181x", "cv180x"),
         quants=("int8", "bf16"),
-        options=("name", "float_layers", "quant_input", "quant_output", "layer_group", "sync", "compress_weights"),
+        options=(
+            "name",
+            "float_layers",
+            "allow_partial_table",
+            "quant_input",
+            "quant_output",
+            "layer_group",
+            "sync",
+            "compress_weights",
+        ),  # fmt: skip
         uses_calib=True,
         number_formats=("int8 (per-channel multiplier+rshift)", "bf16"),
         artifact=".cvimodel (FlatBuffer + TIU/TDMA cmdbufs)",

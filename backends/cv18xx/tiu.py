@@ -203,6 +203,16 @@ def mac(out: LTensor, a: LTensor, b: LTensor | int, plane: int, rshift: int, rel
     return f
 
 
+def add(out: LTensor, a: LTensor, b: LTensor | int) -> dict[str, int]:
+    """bf16 a + b (one rounding of the fp32 sum)."""
+    return {**_elementwise(2, out, a, b), "opt_res_shift": 0, "opt_relu_typ": 0}
+
+
+def sub(out: LTensor, a: LTensor, b: LTensor | int) -> dict[str, int]:
+    """bf16 a - b (one rounding of the fp32 difference)."""
+    return {**_elementwise(3, out, a, b), "opt_res_shift": 0, "opt_relu_typ": 0}
+
+
 def maximum(out: LTensor, a: LTensor, b: LTensor | int) -> dict[str, int]:
     return _elementwise(4, out, a, b)
 

@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         qtable: Path = typer.Option(
             None, "--qtable", help="tpu-mlir qtable: its BF16 layers stay bf16 (default: <calib>.qtable if present)."
         ),
+        allow_partial_table: bool = typer.Option(
+            False, "--allow-partial-table", help="Use a calibration table that lacks many of the model's tensors."
+        ),
         quant_input: bool = typer.Option(False, "--quant-input", help="Feed the model int8 instead of float32."),
         quant_output: bool = typer.Option(False, "--quant-output", help="Return int8 outputs, not float32."),
         no_layer_group: bool = typer.Option(False, "--no-layer-group", help="One layer at a time through gmem."),
@@ -81,7 +84,8 @@ def register(app: typer.Typer) -> None:
             options["delegate"] = True
         if float_layers:
             options["float_layers"] = [n.strip() for n in float_layers.split(",") if n.strip()]
-        for flag, value in (("quant_input", quant_input), ("quant_output", quant_output)):
+        for flag, value in (("quant_input", quant_input), ("quant_output", quant_output),
+                            ("allow_partial_table", allow_partial_table)):  # fmt: skip
             if value:
                 options[flag] = True
         if no_layer_group:

@@ -74,7 +74,7 @@ def real_model_shapes(name: str) -> dict[str, tuple[int, ...]]:
     from npuc.models.fetch import REAL_MODELS
 
     spec = REAL_MODELS[name]
-    return {spec.input_name: spec.input_shape}
+    return spec.input_shapes
 
 
 def real_model_table(name: str, model: Path, folder: Path, samples: int = 4) -> tuple[Path, list[dict]]:

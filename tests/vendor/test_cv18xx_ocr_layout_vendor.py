@@ -5,7 +5,8 @@ calibration never saw.
 PP-OCRv6 rec builds because canonicalization turns its squeeze-excite ReduceMeans into global pools and folds
 the BatchNormalizations that follow a Squeeze into their convs; in bf16 its GELUs are table lookups times x
 and its attention-free head is two bf16 matmuls and the runtime's CPU softmax (whose expf the simulator
-models bit for bit). PicoDet builds whole in both formats.
+models bit for bit). PicoDet builds whole in both formats. PP-OCRv4 rec adds an SVTR neck: layer norms
+(spelled in primitives) and attention MatMuls of two activations, both bf16 TIU kernels.
 """
 
 from __future__ import annotations
@@ -120,3 +121,28 @@ def test_picodet_int8_bit_exact(layout, tmp_path: Path) -> None:
     model, table, feed = layout
     out = build(model, table, "cv181x", "int8", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
     _run_both(out, feed)
+
+
+@pytest.fixture(scope="module")
+def svtr_recogniser(real_model, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    model = real_model("ppocrv4_rec")
+    table, feed = _table("ppocrv4_rec", model, tmp_path_factory.mktemp("ppocrv4"))
+    return model, table, feed
+
+
+@pytest.mark.parametrize("quant", ["bf16", "int8"])
+def test_ppocrv4_rec_bit_exact(svtr_recogniser, tmp_path: Path, quant: str) -> None:
+    """PP-OCRv4's SVTR neck: LayerNorm spelled in primitives (one layer_norm op after canonicalization, a TIU
+    kernel), attention as MatMuls of two activations and the runtime's CPU softmax; int8 builds keep those
+    in bf16 (their int8 rules do not apply) and say so."""
+    model, table, feed = svtr_recogniser
+    out = build(model, table if quant == "int8" else None, "cv181x", quant, tmp_path / "rec.cvimodel",
+                real_model_shapes("ppocrv4_rec"))  # fmt: skip
+    got = _run_both(out, feed)["softmax_11.tmp_0"]
+    want = ort.InferenceSession(str(model)).run(None, feed)[0]
+    got = got.reshape(want.shape)
+    agreement, cos = (got.argmax(-1) == want.argmax(-1)).mean(), cosine(got, want)
+    if quant == "bf16":  # measured on the held-out line: cosine 0.99976, 39 of 40 positions agree
+        assert cos >= 0.999 and agreement >= 0.95
+    else:  # measured: cosine 0.711, agreement 0.70 with this 12-picture KL table (issue 18); held, not a goal
+        assert cos >= 0.65 and agreement >= 0.6

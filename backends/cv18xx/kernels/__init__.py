@@ -6,7 +6,10 @@ from npuc.backends.cv18xx.kernels import (  # noqa: F401
     elementwise,
     group,
     matmul,
+    norm,
     pool,
     prelu,
+    reduce,
+    scientific,
     tensor,
 )

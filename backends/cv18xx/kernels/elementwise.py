@@ -99,6 +99,10 @@ def operands(cg: Codegen, op: Op) -> tuple[list[Operand], GTensor]:
 
 @kernel("eltwise")
 def eltwise(cg: Codegen, op: Op) -> None:
+    special = ELTWISE_KERNELS.get(op.attrs.kind)
+    if special is not None:
+        special(cg, op)
+        return
     if op.attrs.kind not in ELTWISE_KINDS:
         raise no_kernel(op, f"eltwise {op.attrs.kind}")
     xs, y = operands(cg, op)
@@ -112,6 +116,21 @@ def eltwise(cg: Codegen, op: Op) -> None:
 
 
 ELTWISE_KINDS = ("add", "sub", "max", "min", "mul")
+ELTWISE_KERNELS: dict[str, Callable[[Codegen, Op], None]] = {}  # kinds with a kernel of their own (div)
+
+
+@kernel("expand")
+def expand(cg: Codegen, op: Op) -> None:
+    """Broadcast copy: the input read with zero strides on the repeated dims (as an eltwise operand), one
+    TIU copy per tile."""
+    (x,), y = operands(cg, op)
+    local = cg.local(op)
+    for b, cs, hs in tiles(cg, op, y.shape, y.fmt, 2):
+        local.reset()
+        src = x.load(cg, local, b, cs, hs, y.shape[3])
+        out = local.tensor((1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3]), y.fmt)
+        cg.stream.tiu(tiu.copy(out, src))
+        dma.store(cg.stream, out, _part(y, b, cs, hs))
 
 
 def eltwise_scratch(op: Op) -> int:

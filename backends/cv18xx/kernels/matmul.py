@@ -1,4 +1,5 @@
-"""Fully-connected kernels (Gemm / MatMul with a constant right operand) on the TIU matrix unit.
+"""Matrix kernels on the TIU matrix unit: fully-connected layers (Gemm / MatMul with a constant right operand)
+and MatMul of two activations (attention: batched, with numpy broadcasting of the batch dimensions, bf16).
 
 Matrices use the local matrix layout: a row of `cols` values is split into groups of one EU width (16 int8
 or 8 bf16 values), group g in lane g % lanes (specs/cv18xx.md §3.4 "matrix multiply"). int8 requantizes with
@@ -7,6 +8,8 @@ bias held as a high-16 plane and a low-16 plane.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
@@ -76,6 +79,78 @@ def _load_left(cg: Codegen, src: GTensor, rows: int, k: int, dst: LTensor) -> No
 
 
 @kernel("gemm", "matmul")
+def matrix_product(cg: Codegen, op: Op) -> None:
+    if op.kind == "matmul" and cg.graph.const(op.inputs[1]) is None:
+        activations_matmul(cg, op)
+    else:
+        fully_connected(cg, op)
+
+
+def _zero(cg: Codegen, t: LTensor, layout: MatrixLayout) -> None:
+    """Zero a local matrix (its padding columns or rows must add nothing: 0 * garbage may be NaN)."""
+    n_str, c_str = t.strides[:2]
+    width = layout.group * t.esz
+    cg.stream.tiu(tiu.xor_zero(LTensor(t.addr, (t.shape[0], t.shape[1], 1, width), "i8", (n_str, c_str, width, 1))))
+
+
+def activations_matmul(cg: Codegen, op: Op) -> None:
+    """A[..., M, K] @ B[..., K, N], both read from gmem: per batch element (broadcast as numpy does), the left
+    rows and the right columns are loaded as matrices, zero-padded to whole K groups, and multiplied."""
+    if quant_of(op).mode != "bf16":
+        raise no_kernel(op, "an int8 MatMul of two activations")
+    a_shape, b_shape = (cg.graph.shape(n) for n in op.inputs[:2])
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise no_kernel(op, "a MatMul of a vector")
+    (m, k), (k2, n) = a_shape[-2:], b_shape[-2:]
+    if k != k2 or -(-k // 16) * 16 > MAX_K:
+        raise UserError(f"op '{op.name}': K = {k} (right rows {k2}) is not a matrix one instruction takes")
+    batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    layout = MatrixLayout(cg, "bf16")
+    e = 2
+    kp = -(-k // layout.group) * layout.group
+    chip, s = cg.chip, cg.stream
+    tile_cols = n
+    while tile_cols > layout.group and layout.lane_bytes(kp, tile_cols) > chip.lmem_size // 2:
+        tile_cols = max(layout.group, (tile_cols // 2 + layout.group - 1) // layout.group * layout.group)
+    per_row = layout.lane_bytes(1, kp) + layout.lane_bytes(1, tile_cols)
+    tile_rows = min(m, MAX_K, (chip.lmem_size - layout.lane_bytes(kp, tile_cols)) // per_row)
+    if tile_rows < 1:
+        raise does_not_fit(op_where(op), f"a {k}x{tile_cols} right-matrix tile", chip)
+    places = [cg.plan.places[name] for name in (*op.inputs[:2], op.outputs[0])]
+    for index in np.ndindex(*batch):
+        offsets = [_batch_offset(index, shape[:-2]) * math.prod(shape[-2:]) * e for shape in (a_shape, b_shape)]
+        out_offset = _batch_offset(index, batch) * m * n * e
+        for c0 in range(0, n, tile_cols):
+            nc = min(n, c0 + tile_cols) - c0
+            right, right_moved = layout.tensors(0, kp, nc)
+            if kp > k:
+                _zero(cg, right, layout)
+            src = GTensor(places[1].region, places[1].offset + offsets[1] + c0 * e, (1,) * 4, "bf16")
+            dma.load_matrix(s, src, k, nc, n * e, LTensor(right_moved.addr, (k, *right_moved.shape[1:]), "bf16",
+                                                         right_moved.strides))  # fmt: skip
+            top = layout.lane_bytes(kp, nc)
+            for r0 in range(0, m, tile_rows):
+                rows = min(m, r0 + tile_rows) - r0
+                left, left_moved = layout.tensors(top, rows, kp)
+                if kp > k:
+                    _zero(cg, left, layout)
+                a_src = GTensor(places[0].region, places[0].offset + offsets[0] + r0 * k * e, (1,) * 4, "bf16")
+                _load_left(cg, a_src, rows, k, left_moved)
+                out, out_moved = layout.tensors(top + layout.lane_bytes(rows, kp), rows, nc)
+                s.tiu(tiu.matmul(out, left, right, None, kp, 0, 0, False))
+                dst = GTensor(places[2].region, places[2].offset + out_offset + (r0 * n + c0) * e, (1,) * 4, "bf16")
+                dma.store_matrix(s, out_moved, dst, rows, nc, n * e)
+
+
+def _batch_offset(index: tuple[int, ...], dims: tuple[int, ...]) -> int:
+    """The flat batch position of broadcast `index` in a tensor whose batch dims are `dims` (1s broadcast)."""
+    index = index[len(index) - len(dims) :] if dims else ()
+    flat = 0
+    for i, d in zip(index, dims):
+        flat = flat * d + (i if d > 1 else 0)
+    return flat
+
+
 def fully_connected(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
     bf16 = q.mode == "bf16"
