@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from npuc.compiler.arrays import load_arrays
+from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
@@ -35,7 +36,6 @@ from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
 
 # target -> quantize name -> scheme
 TARGET_SCHEMES = {"cv18xx": {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}}
-DEFAULT_MAX_FLOAT_LAYERS = 8  # tpu-mlir's search_qtable default is 5
 REFERENCE_CACHE_BYTES = 1 << 30  # float per-layer references kept between auto-mixed rounds, beyond: recompute
 
 

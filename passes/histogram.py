@@ -22,9 +22,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+from npuc.compiler.defaults import DEFAULT_BINS
 from npuc.compiler.errors import UserError
 
-DEFAULT_BINS = 2048
 MAX_BINS = 1 << 16
 MIN_THRESHOLD = 1e-5  # tpu-mlir: smaller thresholds become 1e-5 ("layer is all zeros")
 FORMAT_VERSION = 1

@@ -187,13 +187,20 @@ def test_internal_error_exits_1_with_report_hint(monkeypatch, capsys):
     def broken():
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(targets, "all_targets", broken)
-    monkeypatch.setattr("npuc.compiler.commands.targets.all_targets", broken)
+    monkeypatch.setattr(targets, "all_targets", broken)  # the command imports it when it runs
     with pytest.raises(SystemExit) as exc:
         cli.main(["targets"])
     assert exc.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "internal error" in err[0] and "report" in err[0]
+
+
+def test_help_loads_no_numpy_onnx_or_passes():
+    """`npuc --help` (and every command's help) imports only the CLI: the heavy modules load when a command runs."""
+    heavy = "('numpy', 'onnx', 'npuc.passes')"
+    code = f"import sys, npuc.compiler.cli; print(sorted(m for m in {heavy} if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", run.stdout
 
 
 def test_targets_lists_every_target_honestly():

@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
-from npuc.passes.histogram import DEFAULT_BINS
-from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
+from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_MAX_FLOAT_LAYERS
 from typer.core import TyperGroup
 
 DEFAULT_COMMAND = "run"
@@ -169,6 +167,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         from npuc import api
+        from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
 
         pre = Preprocess(
             mean=parse_floats(mean, "--mean"),

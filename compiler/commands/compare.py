@@ -10,19 +10,14 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
-from npuc.frontends.onnx import parse_input_shapes
-from npuc.passes.compare import (
-    DEFAULT_MAX_FLOAT_LAYERS,
-    Agreement,
-    CompareReport,
-    MixedResult,
-    auto_mixed,
-    load_comparison,
-)
+
+if TYPE_CHECKING:
+    from npuc.passes.compare import Agreement, CompareReport, MixedResult
 
 
 def _text(report: CompareReport, mixed: MixedResult | None) -> str:
@@ -71,6 +66,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Per-output and per-layer agreement of the quantized reference with onnxruntime float."""
+        from npuc.frontends.onnx import parse_input_shapes
+        from npuc.passes.compare import auto_mixed, load_comparison
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             shapes = parse_input_shapes(input_shape or []) or None

@@ -7,18 +7,14 @@ form is pure QDQ."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from npuc.compiler.errors import UserError
-from npuc.compiler.fileio import atomic_write_bytes
-from npuc.compiler.interp import external_shape
-from npuc.compiler.ir import Graph
-from npuc.compiler.targets import get_target
-from npuc.frontends.onnx import import_onnx, parse_input_shapes
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import CalibrationTable, read_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.qdq import qdq_for_target
+
+if TYPE_CHECKING:
+    from npuc.compiler.ir import Graph
+    from npuc.passes.calitable import CalibrationTable
 
 
 def export_qdq(
@@ -34,6 +30,12 @@ def export_qdq(
 ) -> Path:
     """Import, canonicalize, take or make the table, write the QDQ model atomically; returns `output`.
     `form`: "exact" or "plain" (None: the target's default, passes.qdq.default_form)."""
+    from npuc.compiler.fileio import atomic_write_bytes
+    from npuc.compiler.targets import get_target
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.qdq import qdq_for_target
+
     get_target(target)  # an unknown name fails with the list of targets
     graph = import_onnx(model, input_shapes or None)
     canonicalize(graph)
@@ -46,6 +48,10 @@ def export_qdq(
 def _table(
     model: Path, graph: Graph, calib: Path | None, calib_data: list[str] | None, method: str
 ) -> CalibrationTable:
+    from npuc.compiler.interp import external_shape
+    from npuc.passes.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calitable import read_table
+
     if (calib is None) == (not calib_data):
         raise UserError("give exactly one of --calib TABLE and --calib-data DIR (int8 needs thresholds)")
     if calib is not None:
@@ -75,6 +81,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Export MODEL as TARGET quantizes it, as a QDQ ONNX model onnxruntime runs."""
+        from npuc.frontends.onnx import parse_input_shapes
+
         if not qdq:
             raise UserError("npuc export writes QDQ ONNX only; add --qdq")
         out = output or Path(f"{model.stem}_{target}_qdq.onnx")

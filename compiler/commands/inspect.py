@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from npuc.compiler.artifacts import ArtifactOptions, detect
 from npuc.compiler.errors import UserError
-from npuc.frontends.onnx import parse_input_shapes
 
 
 def coverage_report(found: dict, graph_ops: int) -> str:
@@ -51,8 +49,7 @@ def register(app: typer.Typer) -> None:
 
         if target is None and (quant is not None or chip is not None):
             raise UserError("--quant and --chip go with --target T; add it or drop them")
-        options = ArtifactOptions(disasm=disasm, input_shapes=parse_input_shapes(input_shape))
-        typer.echo(detect(path).describe(path, options))
+        typer.echo(api.inspect(path, disasm=disasm, input_shapes=input_shape))
         if target is not None:
             found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
             typer.echo(coverage_report(found, found.op_count))

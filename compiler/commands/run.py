@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import typer
-from npuc.compiler.arrays import load_arrays
-from npuc.compiler.artifacts import ArtifactOptions, TensorSpec, detect
 from npuc.compiler.errors import UserError
-from npuc.compiler.fileio import save_npz
-from npuc.frontends.onnx import parse_input_shapes
+
+if TYPE_CHECKING:  # numpy and the artifact registry load when a command runs, not for --help
+    import numpy as np
+    from npuc.compiler.artifacts import TensorSpec
 
 
 def _feeds_from_file(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+    from npuc.compiler.arrays import load_arrays
+
     arrays = load_arrays(path)
     names = [s.name for s in specs]
     if len(arrays) == 1 and len(specs) == 1:  # one input: the key does not matter
@@ -35,6 +37,8 @@ def _parse_shape(text: str) -> tuple[int, ...]:
 
 
 def _random_feeds(specs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     feeds = {}
     for s in specs:
@@ -49,6 +53,8 @@ def _random_feeds(specs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
 
 
 def _summary(name: str, value: np.ndarray) -> str:
+    import numpy as np
+
     v = np.asarray(value)
     stats = ""
     if v.size and v.dtype.kind in "fiu":
@@ -69,6 +75,11 @@ def register(app: typer.Typer) -> None:
         shape: str = typer.Option(None, "--shape", help="Compiled input shape D0,D1,... to run (bmodel)."),
     ) -> None:
         """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes)."""
+        import numpy as np
+        from npuc.compiler.artifacts import ArtifactOptions, detect
+        from npuc.compiler.fileio import save_npz
+        from npuc.frontends.onnx import parse_input_shapes
+
         if (input is None) == (not random_input):
             raise UserError("give exactly one of --input FILE and --random-input")
         kind = detect(path)

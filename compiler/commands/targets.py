@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import typer
-from npuc.compiler.targets import all_targets
 
 
 def register(app: typer.Typer) -> None:
     @app.command("targets")
     def targets(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
         """List the targets npuc knows, their chips, number formats and status."""
+        from npuc.compiler.targets import all_targets
+
         rows = [
             {
                 "target": t.name,

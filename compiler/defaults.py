@@ -1,0 +1,5 @@
+"""Defaults the CLI shows in its help and the passes use: kept here, free of heavy imports, so that
+`npuc --help` does not load numpy, onnx or the passes."""
+
+DEFAULT_BINS = 2048  # histogram bins per tensor (tpu-mlir's)
+DEFAULT_MAX_FLOAT_LAYERS = 8  # bound of the mixed-precision search (tpu-mlir's search_qtable default is 5)
