@@ -241,12 +241,8 @@ def _load_image(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dic
 
 def decode_image(path: Path) -> np.ndarray:
     """Decode a picture to HxWx3 RGB uint8 with Pillow."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise UserError(
-            f"sample {path.name}: reading pictures needs Pillow; `pip install pillow` or convert to .npy"
-        ) from None
+    from PIL import Image
+
     try:
         with Image.open(path) as img:
             return np.asarray(img.convert("RGB"))
