@@ -93,24 +93,29 @@ def thresholds_for_graph(
 FEW_MISSING = 4  # a table may lack this many tensors (or a tenth of them), e.g. inputs the model only casts
 
 
-def _check_table_fits(graph: Graph, thresholds: ThresholdMap, partial: bool) -> None:
+def _check_table_fits(graph: Graph, thresholds: ThresholdMap, partial: bool,
+                      source: Mapping[str, str] | None) -> None:  # fmt: skip
     """A table made for another model is an error; a few tensors without a threshold (and rows that name
-    nothing here) are a note: the ops reading or writing them run in the fallback format."""
+    nothing here) are a note: the ops reading or writing them run in the fallback format. With `source`
+    (the source model's tensors), tensors a backend made (an unrolled LSTM's) are not the table's to know."""
     activations = [*graph.inputs, *(out for op in graph.ops for out in op.outputs)]
-    total = sum(graph.tensors[n].dtype == "float32" for n in activations)
-    missing, unknown = thresholds.missing, thresholds.unknown
+    known = [n for n in activations if graph.tensors[n].dtype == "float32" and (source is None or n in source)]
+    total = len(known)
+    missing, unknown = [n for n in thresholds.missing if n in set(known)], thresholds.unknown
     if len(missing) > max(FEW_MISSING, total // 10) and not partial:
         raise UserError(
             f"the calibration table was made for another model: {len(missing)} of this model's {total} tensors "
             f"have no threshold (e.g. {', '.join(missing[:3])}) and {len(unknown)} of its rows name none; "
             "calibrate this model (`npuc calibrate`), or pass --allow-partial-table to run those ops in bf16"
         )
-    if missing or unknown:
-        graph.notes.append(
-            f"calibration table: {len(missing)} tensor(s) without a threshold ({', '.join(missing[:4])}"
-            f"{', ...' if len(missing) > 4 else ''}) run in the fallback format; {len(unknown)} row(s) name no "
-            "tensor of this model"
-        )
+    parts = []
+    if missing:
+        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+        parts.append(f"{len(missing)} tensor(s) without a threshold ({shown}) run in the fallback format")
+    if unknown:
+        parts.append(f"{len(unknown)} row(s) name no tensor of this model")
+    if parts:
+        graph.notes.append(f"calibration table: {'; '.join(parts)}")
 
 
 SCHEMES: Mapping[str, Scheme] = MappingProxyType(
@@ -172,7 +177,7 @@ def quantize(
     qgraph = copy.deepcopy(graph)
     if isinstance(table, CalibrationTable):
         thresholds = thresholds_for_graph(qgraph, table, warn=False, table_names=table_names)
-        _check_table_fits(qgraph, thresholds, partial_table)
+        _check_table_fits(qgraph, thresholds, partial_table, table_names)
     else:
         thresholds = copy.deepcopy(table) if table is not None else ThresholdMap()  # never edit the caller's
     keep_float = set(float_layers)
@@ -214,11 +219,13 @@ def quantize(
         new_ops.append(op)
     stop_if_gaps()
     qgraph.ops = new_ops
-    for kind, names in fell_back.items():
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    if fell_back:
+        kinds = ", ".join(f"{len(names)} {kind} ({names[0]}{', ...' if len(names) > 1 else ''})"
+                          for kind, names in fell_back.items())  # fmt: skip
+        fmt, main_fmt = fallback.name.split("_")[-1], scheme.split("_")[-1]
         qgraph.notes.append(
-            f"{len(names)} {kind} op(s) run in {fallback.name.split('_')[-1]}, not {scheme.split('_')[-1]} "
-            f"(no {scheme.split('_')[-1]} form, or no threshold in the table): {shown}"
+            f"{sum(map(len, fell_back.values()))} op(s) run in {fmt}, not {main_fmt} (no {main_fmt} form, or no "
+            f"threshold in the table): {kinds}"
         )
     _dequantize_outputs(ctx)
     qgraph.ops += ctx.pending

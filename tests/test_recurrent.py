@@ -72,3 +72,26 @@ def test_non_default_activations_are_refused() -> None:
     model, _ = _model("GRU", "forward", activations=["Relu", "Tanh"])
     with pytest.raises(UnsupportedError, match=r"activations \['Relu', 'Tanh'\] are not the default"):
         import_model(model)
+
+
+@pytest.mark.parametrize("cell, direction, layout, attrs", CASES)
+@pytest.mark.parametrize("states", ["fed", "zero"])
+def test_unrolled_equals_the_recurrent_op(cell: str, direction: str, layout: int, attrs: dict, states: str) -> None:
+    """passes/recurrent_unroll.py: the same values from matrix products, slices, sigmoid, tanh and arithmetic,
+    initial states fed as inputs or constant zeros (which fold away)."""
+    from npuc.passes.recurrent_unroll import unroll_recurrent
+
+    model, feeds = _model(cell, direction, layout, **attrs)
+    if states == "zero":
+        for name in ("h0", "c0"):
+            if name in feeds:
+                value = np.zeros_like(feeds.pop(name))
+                model.graph.initializer.append(numpy_helper.from_array(value, name))
+                model.graph.input.remove(next(i for i in model.graph.input if i.name == name))
+    graph = import_model(model)
+    want = interp.run(graph, feeds)
+    notes = unroll_recurrent(graph)
+    assert not any(op.kind == "recurrent" for op in graph.ops) and len(notes) == 1
+    got = interp.run(graph, feeds)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)

@@ -45,6 +45,7 @@ from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
 from npuc.passes.layer_group import LayerGroup
 from npuc.passes.quantize import quantize
+from npuc.passes.recurrent_unroll import unroll_recurrent
 
 DEFAULT_CHIP = "cv181x"
 SCHEMES = {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}
@@ -287,7 +288,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
             )
         table = read_table(request.calib_table)
     graph = copy.deepcopy(request.graph)
-    input_notes = settle_integer_inputs(graph)
+    input_notes = settle_integer_inputs(graph) + unroll_recurrent(graph)
     qgraph = quantize(graph, table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request),
                       partial_table=bool(opts.get("allow_partial_table")))  # fmt: skip
     qgraph.notes[:0] = input_notes

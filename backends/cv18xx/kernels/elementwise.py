@@ -27,6 +27,7 @@ from npuc.compiler.ir import Op
 from npuc.compiler.kernels.quantized.bf16_act import HARD_SWISH_ALPHA, HARD_SWISH_BETA
 
 BF16_ONE, BF16_MINUS_ONE = 0x3F80, 0xBF80
+MAX_TIU_DIM = 4095  # TIU shape fields are 12 bits: a tile has at most this many rows
 
 
 def tiles(cg: Codegen, op: Op, shape: tuple[int, int, int, int], fmt: str, count: int) -> Iterator[tuple]:
@@ -36,7 +37,9 @@ def tiles(cg: Codegen, op: Op, shape: tuple[int, int, int, int], fmt: str, count
     tile_c = c
     while tile_c > chip.lanes and count * local_bytes(chip, (1, tile_c, 1, w), fmt) > chip.lmem_size:
         tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
-    rows = largest_fit(h, lambda r: count * local_bytes(chip, (1, tile_c, r, w), fmt) <= chip.lmem_size)
+    rows = largest_fit(
+        min(h, MAX_TIU_DIM), lambda r: count * local_bytes(chip, (1, tile_c, r, w), fmt) <= chip.lmem_size
+    )
     if rows == 0:
         raise does_not_fit(op_where(op), f"one row of its {'x'.join(map(str, shape))} {fmt} tensor", chip)
     for b in range(n):
