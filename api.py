@@ -219,7 +219,7 @@ def calibrate(
     data: Sequence[str | Path],
     output: str | Path | None = None,
     *,
-    method: str = "kl",
+    method: str = "auto",
     percentile: float = 99.99,
     batch: int = 1,
     bins: int | None = None,
@@ -261,9 +261,11 @@ def calibrate(
     if range_only and (save_stats is None or output is not None):
         raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
     _check_folders((output, "-o"), (save_stats, "--save-stats"), (bmnet, "--bmnet"))
+    auto = method == "auto"  # measured choice among the methods (passes/method_choice.py) on a plain table
+    fitted = bool(tune or refine or split_channels > 1 or range_only)
     options = calib.CalibrationOptions(
-        method=method, percentile=percentile, batch=batch, bins=bins or DEFAULT_BINS, tune=tune, refine=refine,
-        refine_samples=refine_samples, split_channels=split_channels,
+        method="kl" if auto else method, percentile=percentile, batch=batch, bins=bins or DEFAULT_BINS, tune=tune,
+        refine=refine, refine_samples=refine_samples, split_channels=split_channels,
     )  # fmt: skip
     pre = preprocess or Preprocess()
     shapes = _as_shape_dict(input_shapes)
@@ -285,6 +287,13 @@ def calibrate(
         keep_histograms=save_stats is not None, progress=progress, jobs=jobs, ray_address=ray,
     )  # fmt: skip
     done.result = result
+    if auto and fitted and not range_only:
+        done.notes.append("--tune, --refine and --split-channels start from KL thresholds (--method auto measures "
+                          "plain tables only); give --method to start from another")  # fmt: skip
+    elif auto and result.table is not None:
+        choice = _choose_method(model, result, options, data, samples, pre, shapes, float_patterns)
+        result.table = choice.table
+        done.details.append(choice.summary())
     if samples is not None and result.samples < samples:
         done.notes.append(f"--samples {samples} but only {result.samples} found; used all")
     if result.skipped:  # tensors a converter created: no row in the table
@@ -310,6 +319,27 @@ def calibrate(
         f"({options.method_label()}, {rate:.1f} samples/s)"
     )
     return done
+
+
+def _choose_method(model: Path, result: Any, options: Any, data: Any, limit: int | None, pre: Any, shapes: dict,
+                   patterns: bool) -> Any:  # fmt: skip
+    """The table of the method whose thresholds give the best network output on a few calibration samples."""
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibrate import plan_calibration
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.float_patterns import pattern_layers
+    from npuc.passes.method_choice import choose_method, evaluation_picks
+    from npuc.passes.preprocess import list_samples, load_sample
+
+    files = list_samples(data, limit)
+    inputs = plan_calibration(model, shapes or None).inputs
+    feeds = [load_sample(files[i], inputs, pre) for i in evaluation_picks(len(files))]
+    layers: list[str] = []
+    if patterns:
+        graph = import_onnx(model, shapes or None, [])
+        canonicalize(graph)
+        layers = [n for found in pattern_layers(graph).values() for n in found]
+    return choose_method(model, result.stats, options, feeds, shapes or None, layers)
 
 
 def merge_calibration(

@@ -24,7 +24,7 @@ import numpy as np
 from npuc.compiler.arrays import load_arrays
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
-from npuc.compiler.interp import run
+from npuc.compiler.interp import external_shape, run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.formats import convert
@@ -183,7 +183,7 @@ class Comparison:
         else:  # the source model's table names place rows of BN-folded convs (`<conv out>_Conv`)
             self.thresholds = thresholds_for_graph(self.graph, table, table_names=tensor_table_names(source))
         self.scheme = scheme
-        shapes = {n: tuple(self.graph.tensors[n].shape) for n in self.graph.inputs}
+        shapes = {n: tuple(external_shape(self.graph, n)) for n in self.graph.inputs}  # as fed (NHWC inputs too)
         if isinstance(data, Path):
             self.feeds = load_samples(data, self.graph.inputs, shapes)
         else:

@@ -14,3 +14,25 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 def softmax(x: np.ndarray, axis: int) -> np.ndarray:
     e = np.exp(x - x.max(axis, keepdims=True))
     return e / e.sum(axis, keepdims=True)
+
+
+def yolo_detections(output: np.ndarray, score: float = 0.25, iou: float = 0.45) -> list[tuple[int, np.ndarray]]:
+    """(class, box x1 y1 x2 y2) after per-class non-maximum suppression of a YOLOv8 head [1, 4 + classes, N]
+    (boxes as centre x, centre y, width, height), best first."""
+    rows = output.reshape(output.shape[-2], -1).T.astype(np.float64)
+    boxes = np.concatenate([rows[:, :2] - rows[:, 2:4] / 2, rows[:, :2] + rows[:, 2:4] / 2], axis=1)
+    scores = rows[:, 4:]
+    classes, best = scores.argmax(1), scores.max(1)
+    kept = []
+    for i in np.argsort(-best):
+        if best[i] < score:
+            break
+        if all(c != classes[i] or box_iou(b, boxes[i]) < iou for c, b in kept):
+            kept.append((int(classes[i]), boxes[i]))
+    return kept
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> float:
+    inter = np.clip(np.minimum(a[2:], b[2:]) - np.maximum(a[:2], b[:2]), 0, None).prod()
+    union = np.prod(a[2:] - a[:2]) + np.prod(b[2:] - b[:2]) - inter
+    return float(inter / union) if union > 0 else 0.0

@@ -79,8 +79,10 @@ def test_api_calibrate_writes_the_cli_table(model: Path, tmp_path: Path, monkeyp
     cli, api = tmp_path / "cli.txt", tmp_path / "api.txt"
     run = _cli("calibrate", str(model), "--data", str(data), "-o", str(cli), "--save-stats", str(tmp_path / "c.npz"))
     assert run.returncode == 0, run.stderr
-    done = npuc.calibrate(model, [data], api, save_stats=tmp_path / "a.npz", method="kl")
+    done = npuc.calibrate(model, [data], api, save_stats=tmp_path / "a.npz")  # both choose the method (auto)
     assert cli.read_text() == api.read_text() and done.result.samples == 6 and done.result.table is not None
+    assert any(line.startswith("threshold method ") for line in done.details)
+    npuc.calibrate(model, [data], api, method="kl")  # what merging the statistics gives (KL, no samples to measure)
     assert any("calibrated" in line for line in done.details)
     merged = npuc.merge_calibration([tmp_path / "a.npz"], tmp_path / "m.txt")
     assert (tmp_path / "m.txt").read_text() == api.read_text() and merged is not None

@@ -275,15 +275,13 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path: Path) -> None:
     assert not Path(out).exists()
 
 
-def test_pictures_without_pillow_ask_for_it(tmp_path: Path) -> None:
+def test_a_picture_that_does_not_decode_is_one_line(tmp_path: Path) -> None:
+    """Pillow is a dependency: a damaged picture is named, with what to do, and nothing is written."""
     (tmp_path / "cat.png").write_bytes(b"\x89PNG\r\n")
-    code = (
-        "import sys; sys.modules['PIL'] = None\n"
-        "from npuc.compiler.cli import main\n"
-        f"main(['calibrate', {str(MODEL)!r}, '-d', {str(tmp_path)!r}, '-o', {str(tmp_path / 't')!r}])"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    _one_line_error(run, "cat.png", "pip install pillow")
+    run = subprocess.run([sys.executable, "-m", "npuc", "calibrate", str(MODEL), "-d", str(tmp_path), "-o",
+                          str(tmp_path / "t")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    _one_line_error(run, "cat.png", "cannot decode picture")
+    assert not (tmp_path / "t").exists()
 
 
 def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_path: Path) -> None:
@@ -331,3 +329,21 @@ def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_
         "bn0": table.entries["conv0_Conv"].threshold,
         "hs0": table.entries["hs0_HardSwish"].threshold,
     }
+
+
+def test_auto_method_measures_every_method_and_records_its_choice(tmp_path: Path) -> None:
+    """The default: each method's table scored on the network (cv18xx int8 reference vs onnxruntime), the best
+    kept and named in the header; explicit methods are left as they are."""
+    import npuc
+    from npuc.passes.calitable import read_table
+    from npuc.passes.method_choice import AUTO_METHODS, evaluation_picks
+
+    assert evaluation_picks(3) == [0, 1, 2] and evaluation_picks(100) == [0, 14, 28, 42, 57, 71, 85, 99]
+    data = SAMPLES
+    done = npuc.calibrate(MODEL, [data], tmp_path / "auto.txt")
+    (line,) = [d for d in done.details if d.startswith("threshold method ")]
+    chosen = line.split()[2].rstrip(":")
+    assert chosen in AUTO_METHODS and all(f"{m} 0." in line or f"{m} 1." in line for m in AUTO_METHODS)
+    assert read_table(tmp_path / "auto.txt").method.startswith("auto (")
+    npuc.calibrate(MODEL, [data], tmp_path / "kl.txt", method="kl")
+    assert read_table(tmp_path / "kl.txt").method == "kl"

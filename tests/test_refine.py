@@ -214,7 +214,7 @@ def test_cli_refine_writes_a_side_file_that_build_applies(tmp_path) -> None:  # 
     for i, feed in enumerate(_feeds(_graph("tinycnn"), 6)):
         np.savez(samples / f"{i:02d}.npz", **feed)
     plain, refined = tmp_path / "plain.txt", tmp_path / "refined.txt"
-    assert main(["calibrate", str(model), "--data", str(samples), "-o", str(plain)]) == 0
+    assert main(["calibrate", str(model), "--data", str(samples), "-o", str(plain), "--method", "kl"]) == 0
     assert main(["calibrate", str(model), "--data", str(samples), "-o", str(refined), "--refine", "weights"]) == 0
     assert not side_file(plain).exists() and side_file(refined).is_file()
     assert plain.read_bytes() == refined.read_bytes()  # the table itself does not change

@@ -67,7 +67,8 @@ def _note(message: str) -> None:
         typer.echo(message, err=True)
 
 
-METHOD_HELP = "Threshold method: kl (tpu-mlir's default), max, percentile, mse."
+METHOD_HELP = "Threshold method: auto (each measured on the network, the best kept), kl, max, percentile, mse."
+MERGE_METHOD_HELP = "Threshold method: kl (tpu-mlir's default), max, percentile, mse."
 
 
 def register(app: typer.Typer) -> None:
@@ -88,7 +89,7 @@ def register(app: typer.Typer) -> None:
         samples: Annotated[
             int | None, typer.Option("--samples", "-n", help="Use the first N samples (default all).")
         ] = None,
-        method: Annotated[str, typer.Option("--method", help=METHOD_HELP)] = "kl",
+        method: Annotated[str, typer.Option("--method", help=METHOD_HELP)] = "auto",
         percentile: Annotated[float, typer.Option("--percentile", help="Percentile for --method percentile.")] = 99.99,
         input_shape: Annotated[
             list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,...; repeatable.")
@@ -197,7 +198,7 @@ def register(app: typer.Typer) -> None:
         save_stats_path: Annotated[
             Path | None, typer.Option("--save-stats", help="Write the merged statistics.")
         ] = None,
-        method: Annotated[str, typer.Option("--method", help=METHOD_HELP)] = "kl",
+        method: Annotated[str, typer.Option("--method", help=MERGE_METHOD_HELP)] = "kl",
         percentile: Annotated[float, typer.Option("--percentile", help="Percentile for --method percentile.")] = 99.99,
     ) -> None:
         """Merge statistics shards into one table (identical to a single run) or one statistics file."""
