@@ -24,7 +24,7 @@ from .onnx_ops import ConvertContext, find_converter
 
 InputShapes = dict[str, tuple[int, ...]]
 
-_SHAPE_SPEC = re.compile(r"^([^:]+):(\d+(?:,\d+)*)$")
+_SHAPE_SPEC = re.compile(r"^(.+):(\d+(?:,\d+)*)$")  # the name may hold colons (TF exports: "input:0")
 
 
 def parse_input_shapes(specs: Iterable[str]) -> InputShapes:

@@ -226,3 +226,12 @@ def test_inspect_onnx_reports_ops_params_and_flops():
 def test_python_dash_m_and_console_script_agree():
     result = npuc("--help")
     assert result.returncode == 0 and "inspect" in result.stdout and "run" in result.stdout
+
+
+def test_input_shape_names_may_hold_colons():
+    from npuc.compiler.errors import UserError
+    from npuc.frontends.onnx import parse_input_shapes
+
+    assert parse_input_shapes(["input:0:1,224,224,3", "x:1,3"]) == {"input:0": (1, 224, 224, 3), "x": (1, 3)}
+    with pytest.raises(UserError, match="bad --input-shape 'x:1,a'"):
+        parse_input_shapes(["x:1,a"])
