@@ -8,6 +8,8 @@ The CLI (compiler/commands/) parses flags into these arguments and prints the re
 from __future__ import annotations
 
 import copy
+import functools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,19 +283,18 @@ def calibrate(
                             f"found {len(files)}")  # fmt: skip
         count = max(1, len(files) // HELD_OUT_SHARE)
         data, held_out, samples = files[:-count], files[-count:], None
-    result = calib.calibrate(
-        model, data, pre, options, input_shapes=shapes, limit=samples,
-        ranges=load_stats(ranges) if ranges is not None else None, range_only=range_only,
-        keep_histograms=save_stats is not None, progress=progress, jobs=jobs, ray_address=ray,
-    )  # fmt: skip
-    done.result = result
-    if auto and fitted and not range_only:
-        done.notes.append("--tune, --refine and --split-channels start from KL thresholds (--method auto measures "
-                          "plain tables only); give --method to start from another")  # fmt: skip
-    elif auto and result.table is not None:
-        choice = _choose_method(model, result, options, data, samples, pre, shapes, float_patterns)
-        result.table = choice.table
+    run = functools.partial(calib.calibrate, model, pre=pre, options=options, input_shapes=shapes, progress=progress,
+                            jobs=jobs, ray_address=ray)  # fmt: skip
+    frozen = load_stats(ranges) if ranges is not None else None
+    if auto and not fitted:
+        result, choice = _calibrate_auto(run, model, data, samples, frozen, pre, shapes, float_patterns, options)
         done.details.append(choice.summary())
+    else:
+        result = run(data, limit=samples, ranges=frozen, range_only=range_only, keep_histograms=save_stats is not None)
+        if auto and not range_only:
+            done.notes.append("--tune, --refine and --split-channels start from KL thresholds (--method auto "
+                              "measures plain tables only); give --method to start from another")  # fmt: skip
+    done.result = result
     if samples is not None and result.samples < samples:
         done.notes.append(f"--samples {samples} but only {result.samples} found; used all")
     if result.skipped:  # tensors a converter created: no row in the table
@@ -321,25 +322,40 @@ def calibrate(
     return done
 
 
-def _choose_method(model: Path, result: Any, options: Any, data: Any, limit: int | None, pre: Any, shapes: dict,
-                   patterns: bool) -> Any:  # fmt: skip
-    """The table of the method whose thresholds give the best network output on a few calibration samples."""
+def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
+                    patterns: bool, options: Any) -> tuple[Any, Any]:  # fmt: skip
+    """`--method auto`: ranges over every sample, then histograms of the samples that choose the method and of
+    every fifth one apart; each method's table from the first set is scored on the second, which the thresholds
+    never saw. The table is the chosen method's over both sets merged: the bytes a run with that method gives."""
+    from dataclasses import replace
+
     from npuc.frontends.onnx import import_onnx
-    from npuc.passes.calibrate import plan_calibration
+    from npuc.passes.calibrate import plan_calibration, stats_to_table
     from npuc.passes.canonicalize import canonicalize
     from npuc.passes.float_patterns import pattern_layers
     from npuc.passes.method_choice import choose_method, evaluation_picks
     from npuc.passes.preprocess import list_samples, load_sample
 
     files = list_samples(data, limit)
+    held = files[4::5] if len(files) >= 5 else files  # too few to set any apart: measured on what they fit
+    fit = [f for f in files if f not in held] or files
+    start = time.perf_counter()
+    ranges = frozen if frozen is not None else run(files, range_only=True).stats
+    fitted = run(fit, ranges=ranges, keep_histograms=True)
+    stats = fitted.stats if fit == held else fitted.stats.merge(run(held, ranges=ranges, keep_histograms=True).stats)
     inputs = plan_calibration(model, shapes or None).inputs
-    feeds = [load_sample(files[i], inputs, pre) for i in evaluation_picks(len(files))]
+    feeds = [load_sample(held[i], inputs, pre) for i in evaluation_picks(len(held))]
     layers: list[str] = []
     if patterns:
         graph = import_onnx(model, shapes or None, [])
         canonicalize(graph)
         layers = [n for found in pattern_layers(graph).values() for n in found]
-    return choose_method(model, result.stats, options, feeds, shapes or None, layers)
+    choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
+    table = stats_to_table(stats, replace(options, method=choice.method))
+    table.method = f"auto ({table.method})"
+    choice.table = table
+    result = replace(fitted, stats=stats, table=table, samples=len(files), seconds=time.perf_counter() - start)
+    return result, choice
 
 
 def merge_calibration(

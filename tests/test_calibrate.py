@@ -332,8 +332,8 @@ def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_
 
 
 def test_auto_method_measures_every_method_and_records_its_choice(tmp_path: Path) -> None:
-    """The default: each method's table scored on the network (cv18xx int8 reference vs onnxruntime), the best
-    kept and named in the header; explicit methods are left as they are."""
+    """The default: each method's table scored on the network (cv18xx int8 reference vs onnxruntime) on samples
+    its thresholds did not see, the best kept and named in the header; explicit methods are left as they are."""
     import npuc
     from npuc.passes.calitable import read_table
     from npuc.passes.method_choice import AUTO_METHODS, evaluation_picks
@@ -347,3 +347,7 @@ def test_auto_method_measures_every_method_and_records_its_choice(tmp_path: Path
     assert read_table(tmp_path / "auto.txt").method.startswith("auto (")
     npuc.calibrate(MODEL, [data], tmp_path / "kl.txt", method="kl")
     assert read_table(tmp_path / "kl.txt").method == "kl"
+    # the thresholds are the chosen method's over every sample (chosen on held-out ones: every fifth)
+    npuc.calibrate(MODEL, [data], tmp_path / "same.txt", method=chosen)
+    rows = lambda p: [line for line in p.read_text().splitlines() if not line.startswith("#")]  # noqa: E731
+    assert rows(tmp_path / "auto.txt") == rows(tmp_path / "same.txt")
