@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from npuc.compiler.arrays import load_arrays
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import external_shape, run
@@ -29,9 +28,10 @@ from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.formats import convert
 from npuc.frontends.onnx import InputShapes, import_model, load_model
-from npuc.passes.calibrate import calibrate, tensor_table_names
+from npuc.passes.calibrate import calibrate, plan_calibration, tensor_table_names
 from npuc.passes.calitable import CalibrationTable, read_table
 from npuc.passes.canonicalize import canonicalize
+from npuc.passes.preprocess import Preprocess, list_samples, load_sample
 from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
 
 # target -> quantize name -> scheme
@@ -113,30 +113,6 @@ class MixedResult:
         }
 
 
-def load_samples(
-    folder: Path, inputs: list[str], shapes: dict[str, tuple[int, ...]] | None = None
-) -> list[dict[str, np.ndarray]]:
-    """One feed per .npz/.npy file of `folder`, in file-name order; each array checked against `shapes`."""
-    if not folder.is_dir():
-        raise UserError(f"--data {folder}: not a folder; give a folder of .npz/.npy samples")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npz", ".npy"))
-    if not files:
-        raise UserError(f"--data {folder}: no .npz or .npy files; save samples with numpy.savez(input=...)")
-    feeds = []
-    for path in files:
-        arrays = load_arrays(path)
-        if len(inputs) == 1 and len(arrays) == 1:
-            feeds.append({inputs[0]: next(iter(arrays.values()))})
-            continue
-        missing = [n for n in inputs if n not in arrays]
-        if missing:
-            raise UserError(f"{path}: no array for input(s) {missing}; the keys must be the model's input names")
-        feeds.append({n: arrays[n] for n in inputs})
-    for path, feed in zip(files, feeds):
-        check_feed(feed, shapes or {}, str(path))
-    return feeds
-
-
 def check_feed(feed: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], where: str) -> None:
     """A sample must have the model's input shapes and a numeric dtype (else onnxruntime fails opaquely)."""
     for name, want in shapes.items():
@@ -172,6 +148,7 @@ class Comparison:
         data: Path | Sequence[dict[str, np.ndarray]],
         scheme: str,
         input_shapes: InputShapes | None = None,
+        pre: Preprocess | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -184,8 +161,9 @@ class Comparison:
             self.thresholds = thresholds_for_graph(self.graph, table, table_names=tensor_table_names(source))
         self.scheme = scheme
         shapes = {n: tuple(external_shape(self.graph, n)) for n in self.graph.inputs}  # as fed (NHWC inputs too)
-        if isinstance(data, Path):
-            self.feeds = load_samples(data, self.graph.inputs, shapes)
+        if isinstance(data, Path):  # what calibrate reads: .npz/.npy samples and pictures, folders, lists
+            inputs = plan_calibration(model, input_shapes).inputs
+            self.feeds = [load_sample(p, inputs, pre or Preprocess()) for p in list_samples([data])]
         else:
             self.feeds = list(data)
             for i, feed in enumerate(self.feeds):
@@ -339,16 +317,18 @@ def load_comparison(
     quant: str = "int8",
     calib_data: Sequence[str | Path] = (),
     input_shapes: InputShapes | None = None,
+    pre: Preprocess | None = None,
 ) -> Comparison:
-    """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one."""
+    """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one;
+    `pre` prepares pictures (the same preprocessing as calibrate's)."""
     scheme = _scheme(target, quant)
     if (table is None) == (not calib_data):
         raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
     if table is None:
-        table = calibrate(model, list(calib_data), input_shapes=input_shapes).table
+        table = calibrate(model, list(calib_data), pre, input_shapes=input_shapes).table
     elif not isinstance(table, CalibrationTable):
         table = read_table(table)
-    return Comparison(model, table, data, scheme, input_shapes)
+    return Comparison(model, table, data, scheme, input_shapes, pre)
 
 
 def compare_model(

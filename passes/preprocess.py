@@ -115,7 +115,7 @@ def _expand(path: Path) -> list[Path]:
         found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_SUFFIXES)
         if not found:
             raise UserError(
-                f"calibration folder {path} has no {'/'.join(SAMPLE_SUFFIXES)} files; "
+                f"sample folder {path} has no {'/'.join(SAMPLE_SUFFIXES)} files; "
                 "put samples in it or point --data at the right folder"
             )
         return found

@@ -68,11 +68,11 @@ def test_cli_json(samples, capsys):
 def test_cli_bad_inputs_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(MODEL), "--calib", str(TABLE), "--data", str(tmp_path)])
-    assert exc.value.code == 2 and "no .npz or .npy files" in capsys.readouterr().err
+    assert exc.value.code == 2 and "has no .npz/.npy/.jpg/.jpeg/.png/.bmp files" in capsys.readouterr().err
     np.savez(tmp_path / "a.npz", other=np.zeros(3, np.float32), more=np.zeros(3, np.float32))
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(MODEL), "--calib", str(TABLE), "--data", str(tmp_path)])
-    assert exc.value.code == 2 and "no array for input(s) ['input']" in capsys.readouterr().err
+    assert exc.value.code == 2 and "sample a.npz: no array for input(s) input" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(MODEL), "--target", "bm1880", "--calib", str(TABLE), "--data", str(tmp_path)])
     assert exc.value.code == 2 and "not supported" in capsys.readouterr().err
@@ -187,4 +187,20 @@ def test_table_problems_are_one_line(samples, tmp_path, capsys):
     np.savez(wrong / "s0.npz", input=np.zeros((1, 3, 32, 32), np.float32))
     assert cli("compare", str(MODEL), "--calib", str(TABLE), "--data", str(wrong)) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "s0.npz: input 'input' is 1x3x32x32 float32, the model takes 1x3x64x64" in line
+    assert "sample s0.npz: input 'input' has shape 1x3x32x32, expected 1x3x64x64" in line
+
+
+def test_compare_reads_pictures_as_calibrate_does(tmp_path, capsys):
+    """A folder of pictures, with the same preprocessing options as `npuc calibrate`."""
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (80, 100, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    args = ["compare", str(MODEL), "--calib", str(TABLE), "--data", str(tmp_path), "--json"]
+    assert cli(*args, "--mean", "127.5", "--scale", "0.0078125", "--color", "bgr") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == 3 and report["outputs"][0]["cosine"] > 0.9
+    assert cli(*args, "--layout", "nhwc") == 2  # the model takes NCHW: one line naming the mismatch
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "sample 0.png" in line and "fix --color or --layout" in line

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, preprocess
 from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_MAX_FLOAT_LAYERS
 from typer.core import TyperGroup
 
@@ -94,15 +95,11 @@ def register(app: typer.Typer) -> None:
         input_shape: Annotated[
             list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,...; repeatable.")
         ] = None,
-        mean: Annotated[
-            str, typer.Option("--mean", help="Per-channel mean subtracted from pixels (0..255 scale).")
-        ] = "0",
-        scale: Annotated[str, typer.Option("--scale", help="Per-channel factor applied after the mean.")] = "1",
-        color: Annotated[str, typer.Option("--color", help="Channel order the model takes: rgb, bgr, gray.")] = "rgb",
-        resize: Annotated[
-            str | None, typer.Option("--resize", help="Resize pictures to H,W, then centre-crop.")
-        ] = None,
-        layout: Annotated[str, typer.Option("--layout", help="Input layout: nchw or nhwc.")] = "nchw",
+        mean: Mean = "0",
+        scale: Scale = "1",
+        color: Color = "rgb",
+        resize: Resize = None,
+        layout: Layout = "nchw",
         save_stats_path: Annotated[
             Path | None, typer.Option("--save-stats", help="Also write mergeable statistics.")
         ] = None,
@@ -168,15 +165,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         from npuc import api
-        from npuc.passes.preprocess import Preprocess, parse_floats, parse_hw
 
-        pre = Preprocess(
-            mean=parse_floats(mean, "--mean"),
-            scale=parse_floats(scale, "--scale"),
-            color=color,
-            resize=parse_hw(resize) if resize else None,
-            layout=layout,
-        )
+        pre = preprocess(mean, scale, color, resize, layout)
         progress, bar = _progress_factory()
         with bar or nullcontext():
             done = api.calibrate(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, preprocess
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 
@@ -42,7 +43,9 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare(
         model: Annotated[Path, typer.Argument(help="The float .onnx model.")],
-        data: Annotated[Path, typer.Option("--data", help="Folder of .npz (keys = input names) or .npy samples.")],
+        data: Annotated[
+            Path, typer.Option("--data", help="Folder, sample file (.npz/.npy/.jpg/.png) or .txt list, as calibrate.")
+        ],
         calib: Annotated[
             Path | None, typer.Option("--calib", help="Calibration table (tpu-mlir cali_table format).")
         ] = None,
@@ -64,6 +67,11 @@ def register(app: typer.Typer) -> None:
         input_shape: Annotated[
             list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,... (dynamic dims).")
         ] = None,
+        mean: Mean = "0",
+        scale: Scale = "1",
+        color: Color = "rgb",
+        resize: Resize = None,
+        layout: Layout = "nchw",
     ) -> None:
         """Per-output and per-layer agreement of the quantized reference with onnxruntime float."""
         from npuc.frontends.onnx import parse_input_shapes
@@ -72,7 +80,8 @@ def register(app: typer.Typer) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             shapes = parse_input_shapes(input_shape or []) or None
-            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes)
+            pre = preprocess(mean, scale, color, resize, layout)  # pictures as calibrate reads them
+            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes, pre)
         for warning in caught:  # e.g. table rows naming no tensor of this model: one line each, then go on
             typer.echo(f"npuc: warning: {' '.join(str(warning.message).split())}", err=True)
         mixed = None
