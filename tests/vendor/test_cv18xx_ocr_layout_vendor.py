@@ -105,9 +105,10 @@ def layout(real_model, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN20
     return model, table, feed
 
 
-def test_picodet_bf16_bit_exact_and_accurate(layout, tmp_path: Path) -> None:
+@pytest.mark.parametrize("chip", ["cv181x", "cv183x"])
+def test_picodet_bf16_bit_exact_and_accurate(layout, tmp_path: Path, chip: str) -> None:
     model, _, feed = layout
-    out = build(model, None, "cv181x", "bf16", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
+    out = build(model, None, chip, "bf16", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
     got = _run_both(out, feed)
     session = ort.InferenceSession(str(model))
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))
@@ -115,11 +116,13 @@ def test_picodet_bf16_bit_exact_and_accurate(layout, tmp_path: Path) -> None:
         assert cosine(got[name].reshape(value.shape), value) >= 0.999, name
 
 
-def test_picodet_int8_bit_exact(layout, tmp_path: Path) -> None:
-    """Bits only: the class-score heads (sigmoid outputs mostly near 0) measure cosine 0.3-0.6 in plain int8,
-    the box heads 0.87-0.98; a default that reaches the float model is issue 18's mixed precision."""
+@pytest.mark.parametrize("chip", ["cv181x", "cv183x"])
+def test_picodet_int8_bit_exact(layout, tmp_path: Path, chip: str) -> None:
+    """Bits only: with this plain KL table the class-score heads (sigmoid outputs mostly near 0) measure cosine
+    0.3-0.6, the box heads 0.87-0.98; the default calibration keeps the score sigmoids in bf16 (worst output
+    0.81 on held-out documents, passes/float_patterns.py)."""
     model, table, feed = layout
-    out = build(model, table, "cv181x", "int8", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
+    out = build(model, table, chip, "int8", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
     _run_both(out, feed)
 
 

@@ -27,14 +27,14 @@ from npuc.compiler.ir import Op
 from npuc.compiler.kernels.quantized.bf16_act import HARD_SWISH_ALPHA, HARD_SWISH_BETA
 
 BF16_ONE, BF16_MINUS_ONE = 0x3F80, 0xBF80
-MAX_TIU_DIM = 4095  # TIU shape fields are 12 bits: a tile has at most this many rows
+MAX_TIU_DIM = 4095  # TIU shape fields are 12 bits: a tile has at most this many channels and rows
 
 
 def tiles(cg: Codegen, op: Op, shape: tuple[int, int, int, int], fmt: str, count: int) -> Iterator[tuple]:
     """(n, (c0, c1), (h0, h1)) tiles of `shape` such that `count` local tiles of it fit at once."""
     chip = cg.chip
     n, c, h, w = shape
-    tile_c = c
+    tile_c = min(c, MAX_TIU_DIM // chip.lanes * chip.lanes)  # the 12-bit channel field
     while tile_c > chip.lanes and count * local_bytes(chip, (1, tile_c, 1, w), fmt) > chip.lmem_size:
         tile_c = max(chip.lanes, (tile_c // 2 + chip.lanes - 1) // chip.lanes * chip.lanes)
     rows = largest_fit(
