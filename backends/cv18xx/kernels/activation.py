@@ -4,8 +4,8 @@ or the TIU's min/max/multiply steps (ReLU family, hard-sigmoid/-swish, leaky ReL
 from __future__ import annotations
 
 from npuc.backends.cv18xx.codegen import Codegen, kernel, quant_of
-from npuc.backends.cv18xx.kernels import lut
 from npuc.backends.cv18xx.kernels.elementwise import relu_like
+from npuc.backends.cv18xx.kernels.lut import emit_bf16_slope_lut, emit_int8_lut, is_bf16_table_activation
 from npuc.compiler.ir import Op
 
 
@@ -13,8 +13,8 @@ from npuc.compiler.ir import Op
 def activation(cg: Codegen, op: Op) -> None:
     q = quant_of(op)
     if q.mode == "int8" and q.lut is not None:
-        lut.emit_int8_lut(cg, op)
-    elif lut.is_bf16_table_activation(op):
-        lut.emit_bf16_slope_lut(cg, op)
+        emit_int8_lut(cg, op)
+    elif is_bf16_table_activation(op):
+        emit_bf16_slope_lut(cg, op)
     else:
         relu_like(cg, op)

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, does_not_fit, kernel, no_kernel, op_where, quant_of
-from npuc.backends.cv18xx.kernels import scientific
+from npuc.backends.cv18xx.kernels.scientific import emit_lookup, load_tables
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.ir import Op
@@ -64,7 +64,7 @@ def layer_norm(cg: Codegen, op: Op) -> None:
     beta = np.asarray(cg.const(op.inputs[2]), np.float32).reshape(-1) if len(op.inputs) > 2 else np.zeros(1)
     affine = bool(np.any(gamma != 1) or np.any(beta != 0))
     s, local, chip = cg.stream, cg.local(op), cg.chip
-    tables = scientific.load_tables(cg, local, op.name, "rsqrt")
+    tables = load_tables(cg, local, op.name, "rsqrt")
     params = []
     if affine:
         for part, values in (("gamma", gamma), ("beta", beta)):
@@ -89,7 +89,7 @@ def layer_norm(cg: Codegen, op: Op) -> None:
         s.tiu(tiu.avg_pool(var, ts, tiu.Window(h, w), inv_size, 0, False))
         s.tiu(tiu.add(var, var, eps))
         s.tiu(tiu.maximum(var, var, _bits(SMALLEST_VAR)))
-        scientific.emit(cg, index, var, factor, tables)  # 1 / sqrt(var)
+        emit_lookup(cg, index, var, factor, tables)  # 1 / sqrt(var)
         s.tiu(tiu.mul(tx, tx, _spread(index, tile)))
         out = tx
         if affine:

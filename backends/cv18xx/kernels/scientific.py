@@ -64,7 +64,7 @@ def load_tables(cg: Codegen, local: LocalAllocator, name: str, function: str) ->
     return resident[0], resident[1]
 
 
-def emit(cg: Codegen, out: LTensor, x: LTensor, factor: LTensor, tables: tuple[LTensor, LTensor]) -> None:
+def emit_lookup(cg: Codegen, out: LTensor, x: LTensor, factor: LTensor, tables: tuple[LTensor, LTensor]) -> None:
     """out = f(x) for x laid out like `out` (default strides); `factor` is a scratch tile of the same shape.
     `out` may not be `x`: the mantissa lookup reads x after the exponent index is written."""
     exponent_table, mantissa_table = tables
@@ -89,7 +89,7 @@ def divide(cg: Codegen, op: Op) -> None:
         shape = (1, cs[1] - cs[0], hs[1] - hs[0], y.shape[3])
         divisor, inverse, factor = (local.tensor(shape, "bf16") for _ in range(3))
         cg.stream.tiu(tiu.copy(divisor, tb))
-        emit(cg, inverse, divisor, factor, tables)
+        emit_lookup(cg, inverse, divisor, factor, tables)
         cg.stream.tiu(tiu.mul(inverse, ta, inverse))
         clamp(cg, op, inverse)
         dma.store(cg.stream, inverse, _part(y, n, cs, hs))
