@@ -286,8 +286,10 @@ def calibrate(
     run = functools.partial(calib.calibrate, model, pre=pre, options=options, input_shapes=shapes, progress=progress,
                             jobs=jobs, ray_address=ray)  # fmt: skip
     frozen = load_stats(ranges) if ranges is not None else None
+    # the layers the float patterns keep in bf16: the method choice measures with them, the qtable lists them
+    patterns = _pattern_layers(model, shapes, float_patterns and (output is not None or (auto and not fitted)))
     if auto and not fitted:
-        result, choice = _calibrate_auto(run, model, data, samples, frozen, pre, shapes, float_patterns, options)
+        result, choice = _calibrate_auto(run, model, data, samples, frozen, pre, shapes, patterns, options)
         done.details.append(choice.summary())
     else:
         result = run(data, limit=samples, ranges=frozen, range_only=range_only, keep_histograms=save_stats is not None)
@@ -310,7 +312,7 @@ def calibrate(
             done.details.append(
                 f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: {side_file(output)}"
             )
-        done.notes += _write_qtable(model, result.table, output, shapes, float_patterns, held_out, pre, target_cos,
+        done.notes += _write_qtable(model, result.table, output, shapes, patterns, held_out, pre, target_cos,
                                     max_float_layers or DEFAULT_MAX_FLOAT_LAYERS)  # fmt: skip
     if bmnet is not None and result.table is not None:
         _write_bmnet(model, result.table, shapes, bmnet)
@@ -322,17 +324,27 @@ def calibrate(
     return done
 
 
+def _pattern_layers(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
+    """Pattern name -> the op names it keeps in float, on the canonical IR (none when `enabled` is false)."""
+    if not enabled:
+        return {}
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.float_patterns import pattern_layers
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    return pattern_layers(graph)
+
+
 def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
-                    patterns: bool, options: Any) -> tuple[Any, Any]:  # fmt: skip
+                    patterns: dict[str, list[str]], options: Any) -> tuple[Any, Any]:  # fmt: skip
     """`--method auto`: ranges over every sample, then histograms of the samples that choose the method and of
     every fifth one apart; each method's table from the first set is scored on the second, which the thresholds
     never saw. The table is the chosen method's over both sets merged: the bytes a run with that method gives."""
     from dataclasses import replace
 
-    from npuc.frontends.onnx import import_onnx
     from npuc.passes.calibrate import plan_calibration, stats_to_table
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.float_patterns import pattern_layers
     from npuc.passes.method_choice import choose_method, evaluation_picks
     from npuc.passes.preprocess import list_samples, load_sample
 
@@ -345,11 +357,7 @@ def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen:
     stats = fitted.stats if fit == held else fitted.stats.merge(run(held, ranges=ranges, keep_histograms=True).stats)
     inputs = plan_calibration(model, shapes or None).inputs
     feeds = [load_sample(held[i], inputs, pre) for i in evaluation_picks(len(held))]
-    layers: list[str] = []
-    if patterns:
-        graph = import_onnx(model, shapes or None, [])
-        canonicalize(graph)
-        layers = [n for found in pattern_layers(graph).values() for n in found]
+    layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
     choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
     table = stats_to_table(stats, replace(options, method=choice.method))
     table.method = f"auto ({table.method})"
@@ -393,18 +401,12 @@ def _check_folders(*outputs: tuple[Path | None, str]) -> None:
             raise UserError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path")
 
 
-def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, patterns: bool, held_out: list[Path],
-                  pre: Any, target: float | None, max_layers: int) -> list[str]:  # fmt: skip
+def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
+                  held_out: list[Path], pre: Any, target: float | None, max_layers: int) -> list[str]:  # fmt: skip
     """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds; a stale one from an
     earlier table is removed. Returns the lines to say: the qtable decides what `npuc build --calib` does."""
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.float_patterns import pattern_layers
     from npuc.passes.qtable import beside, write_qtable
 
-    graph = import_onnx(model, shapes or None, [])
-    canonicalize(graph)
-    found = pattern_layers(graph) if patterns else {}
     base = list(dict.fromkeys(n for layers in found.values() for n in layers))
     lines = [f"the {name} pattern keeps {len(layers)} layer(s) in float" for name, layers in found.items()]
     comments = [f"npuc calibrate: {line}" for line in lines]

@@ -99,9 +99,9 @@ def _check_table_fits(graph: Graph, thresholds: ThresholdMap, partial: bool,
     nothing here) are a note: the ops reading or writing them run in the fallback format. With `source`
     (the source model's tensors), tensors a backend made (an unrolled LSTM's) are not the table's to know."""
     activations = [*graph.inputs, *(out for op in graph.ops for out in op.outputs)]
-    known = [n for n in activations if graph.tensors[n].dtype == "float32" and (source is None or n in source)]
+    known = {n for n in activations if graph.tensors[n].dtype == "float32" and (source is None or n in source)}
     total = len(known)
-    missing, unknown = [n for n in thresholds.missing if n in set(known)], thresholds.unknown
+    missing, unknown = [n for n in thresholds.missing if n in known], thresholds.unknown
     if len(missing) > max(FEW_MISSING, total // 10) and not partial:
         raise UserError(
             f"the calibration table was made for another model: {len(missing)} of this model's {total} tensors "

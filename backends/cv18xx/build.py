@@ -53,6 +53,7 @@ REGION_SHIFT = 40
 DTYPE_CODES = {"float32": 0, "int32": 1, "bf16": 3, "int8": 6}
 QUANT_TYPES = {"float32": 0, "bf16": 1, "int8": 2}
 ALIAS_KINDS = ("reshape",)
+CPU_FUNCTION_OF_KIND = {"cast": "quant", "gather": "embedding", "softmax": "softmax"}  # the runtime's routines
 BUILD_TIME_ENV = "SOURCE_DATE_EPOCH"  # reproducible builds: the build time comes from here when set
 
 
@@ -349,7 +350,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         **{key: sum(st.counts()[key] for st in streams) for key in streams[0].counts()},
         **({"cpu_softmax_routines": len(islands)} if islands else {}),
     }
-    cpu = [{"cast": "quant", "gather": "embedding"}.get(op.kind, op.kind) for op in [*cpu_ops, *islands, *tail_ops]]
+    cpu = [CPU_FUNCTION_OF_KIND[op.kind] for op in [*cpu_ops, *islands, *tail_ops]]
     if chip.name == "cv180x" and cpu:  # specs/cv18xx.md §2: its runtime is built with ENABLE_CPU_FUNC=OFF
         qgraph.notes.append(
             f"the cv180x runtime has no CPU functions, and this model needs {len(cpu)} ({', '.join(sorted(set(cpu)))}):"
@@ -397,7 +398,7 @@ def _assemble(
             table = g.const(op.inputs[0])
             rows = (table if table.dtype == np.int8 else bf16_bits(table)).reshape(*table.shape, 1, 1)
             cg.weights.add(op.inputs[0], rows, "i8" if table.dtype == np.int8 else "bf16")
-            routines.append(cpu_routine(op, "embedding", _cpu_args(), [op.inputs[1], op.inputs[0]]))
+            routines.append(cpu_routine(op, CPU_FUNCTION_OF_KIND[op.kind], _cpu_args(), [op.inputs[1], op.inputs[0]]))
             continue
         scale = 127.0 / g.tensors[op.outputs[0]].quant.threshold
         routines.append(cpu_routine(op, "quant", _cpu_args(**{"from": "FP32", "scale": scale, "to": "INT8"})))
