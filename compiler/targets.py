@@ -87,6 +87,29 @@ def get_target(name: str) -> Target:
     return _TARGETS[name]
 
 
+# 1 and 0 find the True and False keys (they hash alike)
+BOOLEAN_WORDS = {True: True, False: False, "true": True, "false": False, "on": True, "off": False}
+
+
+def bool_option(options: dict[str, Any], key: str, default: bool) -> bool:
+    """`--option KEY=true|false` (also 1/0, on/off): anything else is an error, never a truthy string."""
+    if key not in options:
+        return default
+    value = options[key]
+    word = value.lower() if isinstance(value, str) else value
+    if isinstance(word, float) or word not in BOOLEAN_WORDS:
+        raise UserError(f"option {key}={value!r}: give true or false, e.g. --option {key}={str(default).lower()}")
+    return BOOLEAN_WORDS[word]
+
+
+def int_option(options: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    """`--option KEY=N` with N an integer in low..high."""
+    value = options.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise UserError(f"option {key}={value!r}: give an integer in {low}..{high}, e.g. --option {key}={default}")
+    return value
+
+
 # option key -> the flag that sets it (keys without one come from --option KEY=VALUE)
 FLAG_OF_OPTION = {
     "name": "--name", "mean": "--mean", "scale": "--scale", "color": "--color", "convert": "--convert",

@@ -89,3 +89,16 @@ def test_a_table_made_for_another_model_is_one_line_exit_2(model: Path, tmp_path
                          text=True, check=False)  # fmt: skip
     assert run.returncode == 0 and "note: calibration table: " in run.stdout, run.stdout
     assert "tensor(s) without a threshold" in run.stdout and "Warning" not in run.stderr  # a note, not a warning
+
+
+@pytest.mark.parametrize("value", ["no", "2", "yes please"])
+def test_boolean_target_options_refuse_other_words(tmp_path: Path, value: str) -> None:
+    """`--option transpose_weight=no` must not count as true (a non-empty string); one line, exit 2."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(make_model("tinycnn").SerializeToString())
+    run = subprocess.run(
+        [sys.executable, "-m", "npuc", "build", str(model), "--target", "dmp", "-o", str(tmp_path / "o"),
+         "--option", f"transpose_weight={value}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2 and "give true or false" in run.stderr and not (tmp_path / "o").exists()

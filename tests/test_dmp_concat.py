@@ -92,7 +92,8 @@ def test_two_conv_branches(tmp_path: Path) -> None:
         return b.op("Concat", b.conv(x, 16, 8, k=3), b.conv(x, 16, 16, k=5), axis=1)
 
     net, _ = _build_and_compare(tmp_path, _model(tmp_path, body, "two_branches"))
-    assert len(net.layers) == 2 and net.layers[1].conv.topo == 0b11
+    assert len(net.layers) == 3 and net.layers[1].conv.topo == 0b11
+    assert net.layers[2].type == "LT_FLATTEN"  # the convertor flattens a conv output of more than 8 channels
     assert [r.p for r in net.layers[1].conv.runs] == [3, 5] and net.layers[1].output_dim == [12, 14, 24]
     # an 8 KB unified buffer: each conv alone fits (2 tiles), but the merged command's single-tile peak is
     # 8736 bytes, so the driver would refuse it and the branches stay separate layers with a free concat
@@ -143,7 +144,7 @@ def test_branch_output_used_elsewhere_is_not_merged(tmp_path: Path) -> None:
     assert all(len(layer.conv.runs) == 1 for layer in net.layers if layer.conv)
     types = [layer.type for layer in net.layers]
     # the first concat places both producers in its region; the second cannot place them again, so it copies
-    assert types == ["LT_CONV", "LT_CONV", "LT_CONV", "LT_CONCAT", "LT_COPY_CONCAT", "LT_CONV"]
+    assert types == ["LT_CONV", "LT_CONV", "LT_CONV", "LT_CONCAT", "LT_COPY_CONCAT", "LT_CONV", "LT_FLATTEN"]
     assert net.layers[3].input_layers == [1, 2] and net.layers[4].input_layers == [2, 1]
 
 

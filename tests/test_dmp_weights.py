@@ -19,44 +19,77 @@ SHAPES = [
 ]
 
 
-def _expected(w: np.ndarray, quantized: bool) -> np.ndarray:
+def _expected(w: np.ndarray, quantized: bool, transposed: bool = False, dilated: bool = False) -> np.ndarray:
+    """The weights a pack decodes to: fp16 values, or the LUT entries the k-means gives each stored value
+    (clustered in storage order from OpenCV's initial random state, as pack_conv after a reset)."""
     if not quantized:
         return w.astype(np.float16).astype(np.float32)
-    lut, idx = wp.cluster_lut(w)
-    return lut.astype(np.float32)[idx]
+    wp.reset_kmeans_seed()
+    m, c, kh, kw = w.shape
+    if dilated:
+        stored = w.transpose(0, 1, 3, 2).copy().reshape(w.shape) if transposed else w
+        lut, idx = wp.cluster_lut(stored)
+        values = lut.astype(np.float32)[idx]
+        return values.reshape(m, c, kw, kh).transpose(0, 1, 3, 2) if transposed else values
+    lut, idx = wp.cluster_lut(wp.stored_kernels(w, transposed))
+    values, p = lut.astype(np.float32)[idx], wp.effective_kernel(kh, kw)
+    return values[:, :, p - kw :, :kh].transpose(0, 1, 3, 2) if transposed else values[:, :, p - kh :, :kw]
+
+
+def _pack(w: np.ndarray, b: np.ndarray, **kw) -> bytes:
+    wp.reset_kmeans_seed()
+    return wp.pack_conv(w, b, **kw)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("quantized", [False, True])
-def test_roundtrip_and_size(shape: tuple[int, int, int, int], quantized: bool) -> None:
+@pytest.mark.parametrize("transposed", [False, True])
+def test_roundtrip_and_size(shape: tuple[int, int, int, int], quantized: bool, transposed: bool) -> None:
     rng = np.random.default_rng(sum(shape))
     w = rng.standard_normal(shape).astype(np.float32)
     b = rng.standard_normal(shape[0]).astype(np.float32)
-    data = wp.pack_conv(w, b, quantized=quantized)
+    data = _pack(w, b, quantized=quantized, transposed=transposed)
     assert len(data) == wp.conv_weight_size(*shape, quantized=quantized)
     assert len(data) % 16 == 0
-    dec = wp.unpack_conv(data, *shape, quantized=quantized)
-    assert np.array_equal(dec.weight, _expected(w, quantized))
+    dec = wp.unpack_conv(data, *shape, quantized=quantized, transposed=transposed)
+    assert np.array_equal(dec.weight, _expected(w, quantized, transposed))
     assert np.array_equal(dec.bias, b.astype(np.float16).astype(np.float32))
     if quantized:
         assert dec.lut[0] == 0.0 and np.count_nonzero(dec.lut) == 255
-        assert np.all(np.diff(dec.lut[1:]) > 0)
+        assert np.abs(dec.weight - w).max() < 0.1  # 255 clusters over standard-normal values
+
+
+def test_transposed_panels_hold_each_kernel_with_kx_and_ky_exchanged() -> None:
+    w = np.arange(2 * 3 * 9, dtype=np.float32).reshape(2, 3, 3, 3) / 64
+    plain = np.frombuffer(wp.pack_conv(w, np.zeros(2), quantized=False), np.uint8)
+    swapped = np.frombuffer(wp.pack_conv(w, np.zeros(2), quantized=False, transposed=True), np.uint8)
+    assert plain.size == swapped.size
+    panel = swapped[16 : 16 + 144].view(np.float16).reshape(12, 6)
+    assert np.array_equal(panel[9:12, 0:3], w[0, 0].T.astype(np.float16))
+    assert np.array_equal(panel[9:12, 3:6], w[0, 1].T.astype(np.float16))
+    # an even kernel is padded at the bottom and left before the exchange: the HW reads the same cells
+    even = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2) + 1
+    panel = np.frombuffer(wp.pack_conv(even, np.zeros(1), quantized=False, transposed=True), np.uint8)
+    cells = panel[16 : 16 + 144].view(np.float16).reshape(12, 6)[9:12, 0:3]
+    assert cells.tolist() == [[0, 0, 0], [1, 3, 0], [2, 4, 0]]
 
 
 @pytest.mark.parametrize("quantized", [False, True])
-def test_depthwise_and_dilated_roundtrip(quantized: bool) -> None:
+@pytest.mark.parametrize("transposed", [False, True])
+def test_depthwise_and_dilated_roundtrip(quantized: bool, transposed: bool) -> None:
     rng = np.random.default_rng(7)
     dw = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
-    data = wp.pack_conv(dw, np.zeros(32), quantized=quantized)
+    data = _pack(dw, np.zeros(32), quantized=quantized, transposed=transposed)
     assert len(data) == (2880 if quantized else 144 * 32 + 64)  # 512 + 72*32 + 16*4 (vendor MobileNet dw1)
-    assert np.array_equal(wp.unpack_conv(data, 32, 1, 3, 3, quantized=quantized).weight, _expected(dw, quantized))
+    dec = wp.unpack_conv(data, 32, 1, 3, 3, quantized=quantized, transposed=transposed)
+    assert np.array_equal(dec.weight, _expected(dw, quantized, transposed))
     dil = rng.standard_normal((12, 70, 3, 3)).astype(np.float32)
     b = rng.standard_normal(12).astype(np.float32)
-    data = wp.pack_conv(dil, b, quantized=quantized, dilated=True)
+    data = _pack(dil, b, quantized=quantized, dilated=True, transposed=transposed)
     tap = -(-((72 if quantized else 144) * 12 * 2 + 32) // 16) * 16
     assert len(data) == wp.dilated_weight_size(12, 70, 3, 3, quantized=quantized) == (512 if quantized else 0) + 9 * tap
-    dec = wp.unpack_conv(data, 12, 70, 3, 3, quantized=quantized, dilated=True)
-    assert np.array_equal(dec.weight, _expected(dil, quantized))
+    dec = wp.unpack_conv(data, 12, 70, 3, 3, quantized=quantized, dilated=True, transposed=transposed)
+    assert np.array_equal(dec.weight, _expected(dil, quantized, transposed, dilated=True))
     assert np.array_equal(dec.bias, b.astype(np.float16).astype(np.float32))
     first_tap_bias = np.frombuffer(data, np.uint8)[(512 if quantized else 0) :][:16]
     assert not first_tap_bias.any()  # only the last tap carries the bias
@@ -91,11 +124,14 @@ def test_resnet50_vendor_offsets() -> None:
 
 
 def test_lut_exact_for_few_values_and_deterministic() -> None:
-    w = np.array([0.5, -0.25, 0.5, 1.0, 0.0], np.float32).reshape(5, 1, 1, 1)
+    w = np.array([0.5, -0.25, 0.75, 1.0, 0.0], np.float32).reshape(5, 1, 1, 1)
     lut, idx = wp.cluster_lut(w)
-    assert np.array_equal(lut.astype(np.float32)[idx], w)
+    assert np.array_equal(lut.astype(np.float32)[idx], w)  # as many clusters as values
     big = np.random.default_rng(1).standard_normal(20000).astype(np.float32)
-    a, b = wp.cluster_lut(big), wp.cluster_lut(big)
+    wp.reset_kmeans_seed()
+    a = wp.cluster_lut(big)
+    wp.reset_kmeans_seed()
+    b = wp.cluster_lut(big)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     err = np.abs(a[0].astype(np.float32)[a[1]] - big)
     assert err.mean() < 0.01

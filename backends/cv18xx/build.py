@@ -40,7 +40,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
-from npuc.compiler.targets import BuildRequest, BuildResult
+from npuc.compiler.targets import BuildRequest, BuildResult, bool_option
 from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
 from npuc.passes.layer_group import LayerGroup
@@ -310,7 +310,8 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     cpu_touched += [op.outputs[0] for op in islands]
     pinned = set(inputs) | set(outputs) | set(cpu_touched)
     stream = lambda: CmdStream(chip, sync=opts.get("sync", "parallel"))  # noqa: E731
-    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, stream(), compress_weights=bool(opts.get("compress_weights", True)))
+    compress = bool_option(opts, "compress_weights", True)
+    cg = Codegen(chip, qgraph, MemoryPlan(), fmt, stream(), compress_weights=compress)
     segments = [
         layer_groups(cg, seg, pinned | set(tpu_outputs) | _read_outside(qgraph, seg))
         if opts.get("layer_group", True)

@@ -145,6 +145,7 @@ def render_sources(net: Network, source: str) -> tuple[str, str]:
         "weights_size": net.weights_size,
         "io_size": net.io_size,
         "weight_format": net.weight_format,
+        "weights_transposed": net.weights_transposed,
         "num_outputs": len(output_slots),
     }
     return env.get_template("net_gen.h.j2").render(ctx), env.get_template("net_gen.cpp.j2").render(ctx)

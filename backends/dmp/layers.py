@@ -20,6 +20,7 @@ CONV_OFF, CONV_ON, CONV_DEPTHWISE, CONV_DECONV, CONV_DEPTHWISE_DECONV = 0, 1, 3,
 CONV_DW_BIT, CONV_DECONV_BIT = 2, 4  # conv_enable flag bits
 POOL_OFF, POOL_MAX, POOL_AVG, POOL_UPSAMPLE = 0, 1, 2, 4
 WFMT_NONE, WFMT_FP16, WFMT_8BIT = 0, 1, 3
+TRANSPOSED_WEIGHTS = 0x8000  # input_circular_offset of every conv when the kernels are stored transposed
 ACT_NONE, ACT_TANH, ACT_LEAKY, ACT_SIGMOID, ACT_PRELU, ACT_ELU, ACT_RELU6 = range(7)
 ACT_NAMES = {0: "none", 1: "tanh", 2: "leaky_relu", 3: "sigmoid", 4: "prelu", 5: "elu", 6: "relu6"}
 
@@ -183,6 +184,7 @@ class Network:
     weight_format: str  # "fp16" | "8bit"
     input_convert: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, int] = field(default_factory=dict)  # validate.Hardware fields the table was checked for
+    weights_transposed: bool = False  # `is_weight_transposed`: kernels stored with kx and ky exchanged
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -9,21 +9,25 @@ are packed per run in execution order.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 from npuc.compiler import coverage
+from npuc.compiler.allocator import place_blocks
 from npuc.compiler.coverage import per_op
 from npuc.compiler.errors import UserError
-from npuc.compiler.ir import Graph
+from npuc.compiler.ir import Graph, Op
 
 from . import lower_concat, lower_cpu, lower_ops, lower_pool  # noqa: F401  (their handlers register in LOWER)
 from . import weights as wpack
 from .convert import u8_table
 from .layers import (
     CONV_OFF,
+    TRANSPOSED_WEIGHTS,
     WFMT_8BIT,
     WFMT_FP16,
+    Layer,
     Network,
     TensorBinding,
 )
@@ -42,12 +46,16 @@ def lower_graph(
     quantized: bool,
     input_convert: dict[str, Any] | None = None,
     hardware: Hardware | None = None,
+    transposed: bool = False,
+    kmeans_seed: int = 0,
 ) -> tuple[Network, bytes]:
     """The layer table and the packed weights file of `graph` (a canonical float IR graph), checked against
-    the driver rules for `hardware` (default: the DV700 limits)."""
+    the driver rules for `hardware` (default: the DV700 limits). `transposed`: kernels stored with kx and ky
+    exchanged (the convertor's transpose_weight); `kmeans_seed`: OpenCV's seed for the 8-bit LUTs."""
     if len(graph.inputs) != 1:
         raise UserError(f"DMP networks have one input; this model has {len(graph.inputs)}: {graph.inputs}")
     hw = hardware or Hardware()
+    graph = dataclasses.replace(graph, ops=convertor_order(graph))
     ctx = Lowering(graph, quantized, hw)
     in_name = graph.inputs[0]
     shape = graph.shape(in_name)
@@ -80,10 +88,11 @@ def lower_graph(
         raise UserError("the model has no layer DV700 can run; it needs at least one conv, pool or CPU layer")
     if u8:
         _attach_u8_table(ctx, src)
+    _flatten_conv_outputs(ctx)
     outputs = _bind_outputs(ctx)
     offsets = _allocate(ctx, src)
     io_size = max((offsets[b] + _round(s) for b, s in enumerate(ctx.sizes)), default=0)
-    blob = _pack_weights(ctx)
+    blob = _pack_weights(ctx, transposed, kmeans_seed)
     table = b""
     if u8:
         table = u8_table(convert, c)
@@ -117,12 +126,57 @@ def lower_graph(
         weight_format="8bit" if quantized else "fp16",
         input_convert=convert,
         hardware=dict(vars(hw)),
+        weights_transposed=transposed,
     )
     return net, blob + table
 
 
+def convertor_order(graph: Graph) -> list[Op]:
+    """The ops in the convertor's layer order (its weights file follows it): walk back from the outputs, in
+    output order, taking an op once every op that reads it is taken; the reverse of that walk. Ops that no
+    output needs keep their place after it."""
+    producer = {name: op for op in graph.ops for name in op.outputs}
+    readers: dict[int, set[int]] = {id(op): set() for op in graph.ops}
+    for op in graph.ops:
+        for name in op.inputs:
+            if name in producer:
+                readers[id(producer[name])].add(id(op))
+    pending = list(dict.fromkeys(producer[name] for name in reversed(graph.outputs) if name in producer))
+    walk: list[Op] = []
+    taken: set[int] = set()
+    while pending:
+        op = pending.pop()
+        if id(op) in taken:
+            continue
+        walk.append(op)
+        taken.add(id(op))
+        for name in op.inputs:
+            source = producer.get(name)
+            if source is not None and id(source) not in taken and readers[id(source)] <= taken:
+                pending.append(source)
+    walk.reverse()
+    return walk + [op for op in graph.ops if id(op) not in taken]
+
+
 def _round(n: int) -> int:
     return -(-n // MEM_ALIGN) * MEM_ALIGN
+
+
+def _flatten_conv_outputs(ctx: Lowering) -> None:
+    """As the convertor: a network output computed by a conv layer gets a flatten after it, which is an
+    LT_FLATTEN (the CPU un-permutes WHC8 to HWC) unless the FPGA layout already is HWC (C <= 8 or 1x1)."""
+    for k, name in enumerate(ctx.graph.outputs):
+        src = ctx.values[name]
+        w, h, c = src.dims
+        if src.layer is None or ctx.layers[src.layer].type != "LT_CONV" or src.layout != "whc8":
+            continue
+        if c <= 8 or w * h == 1:
+            continue
+        out = Value(ctx.new_buffer(w * h * c * 2), (w, h, c), "hwc", "float16", src.view, src.perm)
+        layer = Layer(f"dmp_conv_flat_{k}", "LT_FLATTEN", 0, 0, 0, [], [])
+        ctx.add_layer(layer, src, out)
+        layer.output_dim = [w * h * c]
+        ctx.values[name] = out
 
 
 def _bind_outputs(ctx: Lowering) -> list[tuple[TensorBinding, Value]]:
@@ -142,7 +196,8 @@ def _bind_outputs(ctx: Lowering) -> list[tuple[TensorBinding, Value]]:
 
 
 def _allocate(ctx: Lowering, src: Value) -> list[int]:
-    """First-fit by offset over live ranges (buffer alive from its producing layer to its last reader).
+    """Offsets in the io buffer: buffers alive at a common layer (from the producing layer to the last reader)
+    never share bytes; of two placements (largest first, first-fit in layer order) the smaller is kept.
 
     A buffer placed inside another (an LT_CONCAT input) is not allocated itself: it lives at its offset in
     the enclosing buffer, whose live range covers its own.
@@ -165,19 +220,11 @@ def _allocate(ctx: Lowering, src: Value) -> list[int]:
     for b, (top, _) in root.items():
         if top != b:
             first[top], last[top] = min(first[top], first[b]), max(last[top], last[b])
+    placed = [b for b in range(len(ctx.sizes)) if root[b][0] == b and not (first[b] >= n and last[b] < 0)]
+    blocks = [(ctx.sizes[b], first[b], max(last[b], first[b])) for b in placed]
     offsets = [0] * len(ctx.sizes)
-    live: list[tuple[int, int, int]] = []  # (offset, size, last use)
-    for b in sorted(range(len(ctx.sizes)), key=lambda k: (first[k], k)):
-        if root[b][0] != b or (first[b] >= n and last[b] < 0):
-            continue  # placed inside another buffer, or never used
-        live = [entry for entry in live if entry[2] >= first[b]]
-        size, offs = _round(ctx.sizes[b]), 0
-        for start, length, _ in sorted(live):
-            if offs + size <= start:
-                break
-            offs = max(offs, start + length)
+    for b, offs in zip(placed, place_blocks(blocks, MEM_ALIGN)[0]):
         offsets[b] = offs
-        live.append((offs, size, max(last[b], first[b])))
     for b, (top, delta) in root.items():
         if top != b:
             offsets[b] = offsets[top] + delta
@@ -193,10 +240,15 @@ def _root(ctx: Lowering, buf: int) -> tuple[int, int]:
     return buf, delta
 
 
-def _pack_weights(ctx: Lowering) -> bytes:
+def _pack_weights(ctx: Lowering, transposed: bool, kmeans_seed: int) -> bytes:
+    """Every conv run's packed weights in execution order (the order the convertor clusters them in)."""
     parts: list[bytes] = []
     offs = 0
+    if ctx.quantized:
+        wpack.reset_kmeans_seed(kmeans_seed)
     for layer in ctx.layers:
+        if layer.conv is not None and transposed:
+            layer.conv.input_circular_offset = TRANSPOSED_WEIGHTS
         for run in layer.conv.runs if layer.conv else []:
             pending = ctx.run_weights.get(id(run))
             run.weight_offs = offs
@@ -205,7 +257,12 @@ def _pack_weights(ctx: Lowering) -> bytes:
                 continue
             quantized = ctx.quantized and not pending.fp16_only and pending.prelu is None and run.actfunc != 4
             data = wpack.pack_conv(
-                pending.weight, pending.bias, quantized=quantized, prelu=pending.prelu, dilated=pending.dilated
+                pending.weight,
+                pending.bias,
+                quantized=quantized,
+                prelu=pending.prelu,
+                dilated=pending.dilated,
+                transposed=transposed,
             )
             run.weight_fmt = WFMT_8BIT if quantized else WFMT_FP16
             run.weight_size = len(data)

@@ -29,6 +29,7 @@ from .layers import (
     POOL_AVG,
     POOL_MAX,
     POOL_UPSAMPLE,
+    TRANSPOSED_WEIGHTS,
     WFMT_8BIT,
     Layer,
     Network,
@@ -84,7 +85,7 @@ class Memory:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _run_weights(run: Run, c: int, blob: np.ndarray) -> wpack.PackedConv:
+def _run_weights(run: Run, c: int, blob: np.ndarray, transposed: bool) -> wpack.PackedConv:
     kw, kh = kernel_wh(run.p)
     cg = 1 if run.conv_enable & CONV_DW_BIT else c
     if run.weight_offs + run.weight_size > blob.size or run.weight_offs % 16:
@@ -101,6 +102,7 @@ def _run_weights(run: Run, c: int, blob: np.ndarray) -> wpack.PackedConv:
         quantized=run.weight_fmt == WFMT_8BIT,
         prelu=run.actfunc == ACT_PRELU,
         dilated=run.conv_dilation != 0,
+        transposed=transposed,
     )
 
 
@@ -134,12 +136,14 @@ def _spread(x: np.ndarray, sx: int, sy: int) -> np.ndarray:
     return out
 
 
-def execute_run(x: np.ndarray, run: Run, blob: np.ndarray, eltwise: np.ndarray | None) -> np.ndarray:
+def execute_run(
+    x: np.ndarray, run: Run, blob: np.ndarray, eltwise: np.ndarray | None, transposed: bool = False
+) -> np.ndarray:
     """One run on an NCHW float32 array (fp16 values)."""
     packed = None
     if run.conv_enable != CONV_OFF:
         c = x.shape[1]
-        packed = _run_weights(run, c, blob)
+        packed = _run_weights(run, c, blob, transposed)
         kw, kh = kernel_wh(run.p)
         sx, sy = unpack2(run.conv_stride)
         dx, dy = unpack2(run.conv_dilation) if run.conv_dilation else (1, 1)
@@ -181,12 +185,14 @@ def _conv_layer(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> No
     layer_input = hwc.astype(np.float32).transpose(2, 0, 1)[None]
     x, written = layer_input, 0
     in_dims = run_input_dims(conf)
+    # bit 15 of input_circular_offset: this command's panels hold the kernels with kx and ky exchanged
+    transposed = bool(conf.input_circular_offset & TRANSPOSED_WEIGHTS)
     for r, run in enumerate(conf.runs):
         out_dims = run_output_dims(run, in_dims[r])
         eltwise = None
         if conf.output_mode == 1 and conf.eltwise_offs is not None and r == len(conf.runs) - 1:
             eltwise = mem.read_hwc(conf.eltwise_offs, out_dims, True).astype(np.float32).transpose(2, 0, 1)[None]
-        x = execute_run(x, run, blob, eltwise)
+        x = execute_run(x, run, blob, eltwise, transposed)
         if conf.topo >> r & 1:  # to memory: this branch's output follows the previous ones; restart from input
             data = whc8_encode(x[0].transpose(1, 2, 0).astype(np.float16))
             mem.write(layer.output_offs + written, data)

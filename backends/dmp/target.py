@@ -9,6 +9,10 @@ Options read from `request.options` (all optional; `npuc build --option KEY=VALU
 - `mean`, `scale`: one or three numbers (`npuc build --mean/--scale`); given without `convert` they select
   "mean_scale"; the named policies fix their own formula. `color` (`--color`): "rgb" (default) or "bgr"
   (sets to_bgr: the table is applied to the channels in reverse order);
+- `transpose_weight` (default true, as the convertor's .ini): kernels stored with kx and ky exchanged and the
+  commands marked so (`is_weight_transposed`, input_circular_offset 0x8000); false gives the other layout;
+- `cv2_seed` (default 0: OpenCV's initial state, the convertor without --cv2_seed): the seed of the OpenCV
+  k-means that makes the 8-bit LUTs, so `--quant 8bit` writes the convertor's bytes;
 - `ub_size` (bytes, default 655360) and `svn_version` (default 93) of the device: every conv command is
   checked against the driver's rules for them (unified buffer tiles; non-square pooling and wide dilated
   padding need svn_version >= 93).
@@ -18,7 +22,7 @@ Options read from `request.options` (all optional; `npuc build --option KEY=VALU
 from __future__ import annotations
 
 from npuc.compiler.errors import UserError
-from npuc.compiler.targets import BuildRequest, BuildResult, Target, register_target
+from npuc.compiler.targets import BuildRequest, BuildResult, Target, bool_option, int_option, register_target
 
 from .codegen import c_identifier, write_output
 from .convert import input_convert
@@ -35,8 +39,18 @@ def build(request: BuildRequest) -> BuildResult:
     name = c_identifier(request.options.get("name") or request.model_path.stem)
     convert = input_convert(request.options)
     hardware = hardware_from_options(request.options)
+    transposed = bool_option(request.options, "transpose_weight", True)
+    seed = int_option(request.options, "cv2_seed", 0, -(2**31), 2**31 - 1)
+    if "cv2_seed" in request.options and quant != "8bit":
+        raise UserError("option cv2_seed seeds the 8-bit LUT clustering; use it with --quant 8bit or remove it")
     net, blob = lower_graph(
-        request.graph, name=name, quantized=WEIGHT_FORMATS[quant], input_convert=convert, hardware=hardware
+        request.graph,
+        name=name,
+        quantized=WEIGHT_FORMATS[quant],
+        input_convert=convert,
+        hardware=hardware,
+        transposed=transposed,
+        kmeans_seed=seed,
     )
     if convert.get("color") == "bgr":
         net.layers[0].conv.to_bgr = 1
@@ -46,6 +60,7 @@ def build(request: BuildRequest) -> BuildResult:
         "weights_size": net.weights_size,
         "io_size": net.io_size,
         "weight_format": net.weight_format,
+        "weights_transposed": net.weights_transposed,
     }
     return BuildResult(files, summary)
 
@@ -55,7 +70,18 @@ register_target(
         name="dmp",
         chips=("dv700",),
         quants=("fp16", "8bit"),
-        options=("name", "mean", "scale", "color", "convert", "input_convert", "ub_size", "svn_version"),
+        options=(
+            "name",
+            "mean",
+            "scale",
+            "color",
+            "convert",
+            "input_convert",
+            "ub_size",
+            "svn_version",
+            "transpose_weight",
+            "cv2_seed",
+        ),  # fmt: skip
         number_formats=("fp16", "8bit"),
         artifact="folder: <NET>_gen.h/.cpp (C<NET> : CDMP_Network), <NET>_weights.bin, <NET>_layers.json",
         status="builds conv/depthwise/dilated/deconv/pool/add/FC/softmax/concat networks (branches into a concat "

@@ -4,6 +4,11 @@ Per run: [512-byte fp16 LUT if 8-bit] then, per block of 8 output channels, 8 fp
 slopes], and 12x6 panels (uint8 LUT indices or fp16) holding the kernels; the run is padded to 16 bytes.
 A panel holds a fixed set of input channels per kernel size (64 for 1x1, 8 for 3x3, 2 for 5x5, 1 for 7x7),
 placed by a per-size slot map. Dilated convs store one 1x1 pack per kernel tap instead.
+
+Transposed weights (the convertor's default, `transpose_weight=1`): every kernel is stored with kx and ky
+exchanged, and a non-square or even kernel is padded at the bottom and left before the exchange (at the top
+and right otherwise), so the HW reads the real kernel from the same panel cells either way. The 8-bit LUT is
+OpenCV's k-means over the stored (padded, exchanged) values, as the convertor computes it.
 """
 
 from __future__ import annotations
@@ -83,34 +88,31 @@ def dilated_weight_size(m: int, c: int, kh: int, kw: int, *, quantized: bool) ->
 # ---------------------------------------------------------------------------------------------------------
 
 
-def cluster_lut(values: np.ndarray, iterations: int = 30) -> tuple[np.ndarray, np.ndarray]:
-    """(lut, indices): 256 fp16 entries (entry 0 = 0.0, then up to 255 sorted centres, zero-filled) and
-    a uint8 index per value. Deterministic 1-D k-means (quantile start, Lloyd steps on sorted data)."""
-    flat = np.asarray(values, np.float32).reshape(-1)
-    uniq = np.unique(flat.astype(np.float16)).astype(np.float32)
-    if uniq.size <= LUT_CLUSTERS:
-        centres = uniq
-    else:
-        data = np.sort(flat.astype(np.float64))
-        centres = np.quantile(data, (np.arange(LUT_CLUSTERS) + 0.5) / LUT_CLUSTERS)
-        for _ in range(iterations):
-            labels = np.searchsorted((centres[1:] + centres[:-1]) / 2, data)
-            sums = np.bincount(labels, data, LUT_CLUSTERS)
-            counts = np.bincount(labels, minlength=LUT_CLUSTERS)
-            new = np.where(counts > 0, sums / np.maximum(counts, 1), centres)
-            if np.array_equal(new, centres):
-                break
-            centres = np.sort(new)
-        centres = np.unique(centres.astype(np.float16)).astype(np.float32)
+# The convertor's k-means: OpenCV, k-means++ seeding, 3 attempts, at most 10 steps or a 1e-6 move.
+KMEANS_ATTEMPTS, KMEANS_STEPS, KMEANS_EPS = 3, 10, 1e-6
+
+
+def reset_kmeans_seed(seed: int = 0) -> None:
+    """Put OpenCV's random state where the convertor's process starts (seed 0: OpenCV's initial state, as
+    the convertor without --cv2_seed). Every layer's clustering advances that state, so a network's LUTs
+    match the convertor's only when they are made in its order from this start."""
+    import cv2
+
+    cv2.setRNGSeed(int(seed))
+
+
+def cluster_lut(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lut, indices): 256 fp16 entries (entry 0 = 0.0, then min(255, n) k-means centres in OpenCV's
+    cluster order, zero-filled) and the uint8 index (cluster + 1) of every value, shaped like `values`."""
+    import cv2
+
+    flat = np.ascontiguousarray(np.asarray(values, np.float32).reshape(-1, 1))
+    clusters = min(LUT_CLUSTERS, flat.shape[0])
+    criteria = (cv2.TERM_CRITERIA_EPS + cv2.TERM_CRITERIA_COUNT, KMEANS_STEPS, KMEANS_EPS)
+    _, labels, centres = cv2.kmeans(flat, clusters, None, criteria, KMEANS_ATTEMPTS, cv2.KMEANS_PP_CENTERS)
     lut = np.zeros(256, np.float16)
-    lut[1 : 1 + centres.size] = centres.astype(np.float16)
-    return lut, lut_indices(flat, lut[1 : 1 + centres.size].astype(np.float32)).reshape(np.shape(values))
-
-
-def lut_indices(values: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """Index (1-based into the LUT) of the nearest of the sorted `centres` for every value."""
-    pos = np.searchsorted((centres[1:] + centres[:-1]) / 2, values)
-    return (pos + 1).astype(np.uint8)
+    lut[1 : 1 + clusters] = centres.reshape(-1).astype(np.float16)
+    return lut, (labels.reshape(np.shape(values)) + 1).astype(np.uint8)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -139,10 +141,25 @@ def slot_map(p: int) -> np.ndarray:
     return flat
 
 
-def _pad_square(w: np.ndarray, p: int) -> np.ndarray:
-    """(M, C, kh, kw) -> (M, C, p, p): zeros added at the top and on the right."""
+def stored_kernels(w: np.ndarray, transposed: bool = False) -> np.ndarray:
+    """(M, C, kh, kw) -> (M, C, p, p) as stored: zeros at the top and right, or, transposed, zeros at the
+    bottom and left and then kx and ky exchanged. These are the values the 8-bit LUT clusters."""
     m, c, kh, kw = w.shape
-    return np.pad(w, ((0, 0), (0, 0), (p - kh, 0), (0, p - kw)))
+    p = effective_kernel(kh, kw)
+    if not transposed:
+        return np.pad(w, ((0, 0), (0, 0), (p - kh, 0), (0, p - kw)))
+    return np.pad(w, ((0, 0), (0, 0), (0, p - kh), (p - kw, 0))).transpose(0, 1, 3, 2)
+
+
+def _stored_taps(w: np.ndarray, transposed: bool) -> np.ndarray:
+    """A dilated kernel's taps in storage order: transposed, the exchanged (kw, kh) data read back as
+    (kh, kw), as the convertor reshapes it (the same thing for the odd square kernels DV700 dilates)."""
+    return np.ascontiguousarray(w.transpose(0, 1, 3, 2)).reshape(w.shape) if transposed else w
+
+
+def _model_taps(stored: np.ndarray, transposed: bool) -> np.ndarray:
+    m, c, kh, kw = stored.shape
+    return stored.reshape(m, c, kw, kh).transpose(0, 1, 3, 2) if transposed else stored
 
 
 def _panel_order(m: int, c: int, p: int) -> tuple[int, int, np.ndarray]:
@@ -201,19 +218,24 @@ def pack_conv(
     quantized: bool,
     prelu: np.ndarray | None = None,
     dilated: bool = False,
+    transposed: bool = False,
 ) -> bytes:
     """Pack one conv run. weight: (M, C/group, kh, kw) float; bias: (M,). Returns 16-byte-aligned bytes."""
     weight = np.asarray(weight, np.float32)
     m, c, kh, kw = weight.shape
     bias = np.asarray(bias, np.float32).reshape(m)
-    lut = idx = None
-    if quantized:
-        if prelu is not None:
-            raise UserError("8-bit weights cannot be combined with PReLU on DV700; use fp16 weights for that layer")
-        lut, idx = cluster_lut(weight)
+    if quantized and prelu is not None:
+        raise UserError("8-bit weights cannot be combined with PReLU on DV700; use fp16 weights for that layer")
+    if dilated:
+        stored = _stored_taps(weight, transposed)
+    else:
+        p = effective_kernel(kh, kw)
+        if p not in SCHEMES:
+            raise UserError(f"kernel {kh}x{kw} is larger than the DV700 maximum 7x7; use a smaller kernel")
+        stored = stored_kernels(weight, transposed)
+    lut, elements = cluster_lut(stored) if quantized else (None, stored.astype(np.float16).view(np.uint16))
     parts = [] if lut is None else [lut.view(np.uint8)]
     if dilated:
-        elements = idx if idx is not None else weight.astype(np.float16).view(np.uint16)
         zero = np.zeros_like(bias)
         for ty in range(kh):  # loop over kernel taps (at most 49)
             for tx in range(kw):
@@ -222,10 +244,6 @@ def pack_conv(
                 parts.append(np.pad(tap, (0, round_up(tap.size) - tap.size)))
         out = np.concatenate(parts)
         return out.tobytes()
-    p = effective_kernel(kh, kw)
-    if p not in SCHEMES:
-        raise UserError(f"kernel {kh}x{kw} is larger than the DV700 maximum 7x7; use a smaller kernel")
-    elements = _pad_square(idx if idx is not None else weight.astype(np.float16).view(np.uint16), p)
     parts.append(_pack_panels(elements, bias, prelu))
     out = np.concatenate(parts)
     return np.pad(out, (0, round_up(out.size) - out.size)).tobytes()
@@ -287,8 +305,10 @@ def unpack_conv(
     quantized: bool,
     prelu: bool = False,
     dilated: bool = False,
+    transposed: bool = False,
 ) -> PackedConv:
-    """Decode one packed conv run back to float weights (the fp16 values, or the LUT values if 8-bit)."""
+    """Decode one packed conv run back to float weights (the fp16 values, or the LUT values if 8-bit), in
+    the model's (M, C, kh, kw) orientation whether or not the run stores them transposed."""
     buf = np.frombuffer(data, np.uint8) if isinstance(data, bytes | bytearray | memoryview) else data
     size = (
         dilated_weight_size(m, c, kh, kw, quantized=quantized)
@@ -317,8 +337,9 @@ def unpack_conv(
                 els, bias, _, used = _unpack_panels(buf[pos:], m, c, 1, elem, False)
                 weight[:, :, ty, tx] = values(els)[:, :, 0, 0]
                 pos += round_up(used)
-        return PackedConv(weight, bias, None, lut)
+        return PackedConv(np.ascontiguousarray(_model_taps(weight, transposed)), bias, None, lut)
     p = effective_kernel(kh, kw)
     els, bias, slopes, _ = _unpack_panels(buf[pos:], m, c, p, elem, prelu)
-    weight = values(els)[:, :, p - kh :, :kw]
+    stored = values(els)
+    weight = stored[:, :, p - kw :, :kh].transpose(0, 1, 3, 2) if transposed else stored[:, :, p - kh :, :kw]
     return PackedConv(np.ascontiguousarray(weight), bias, slopes, lut)
