@@ -205,12 +205,13 @@ def _probe_table(model: Path, shapes: dict | None, folder: Path) -> Path:
 
 @dataclass
 class Calibrated:
-    """What `calibrate` did: the run's result, and what to tell the user (`notes` always, `details` on a
-    terminal)."""
+    """What `calibrate` did: the run's result, and what to tell the user (`notes` and the held-out `report`
+    always, `details` on a terminal)."""
 
     result: Any  # passes.calibrate.CalibrationResult
     notes: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
+    report: list[str] = field(default_factory=list)  # accuracy on samples no threshold saw (--method auto)
 
 
 HELD_OUT_SHARE = 5  # --target-cos measures on the last fifth of the samples (at least one)
@@ -241,11 +242,15 @@ def calibrate(
     target_cos: float | None = None,
     max_float_layers: int | None = None,
     float_patterns: bool = True,
+    budget: float | None = None,
     progress: Any = None,
 ) -> Calibrated:
     """Calibrate `model` on `data` (folders, sample files, .txt lists) and write what `npuc calibrate` writes:
     the tpu-mlir table at `output`, `<output>.refine.npz` (`refine`, `split_channels`), `<output>.qtable` (the
-    float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`)."""
+    float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`). `budget`:
+    seconds of `--method auto`'s per-tensor search (default 30; estimated by a fixed cost model, so the same
+    inputs give the same table on any machine; 0 keeps one method for every tensor)."""
+    from npuc.compiler.defaults import DEFAULT_BUDGET
     from npuc.passes import calibrate as calib
     from npuc.passes.calitable import write_table
     from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
@@ -263,6 +268,8 @@ def calibrate(
     if range_only and (save_stats is None or output is not None):
         raise UserError("--range-only writes statistics only; give --save-stats FILE and no -o")
     _check_folders((output, "-o"), (save_stats, "--save-stats"), (bmnet, "--bmnet"))
+    if budget is not None and not 0 <= budget <= 86400:
+        raise UserError(f"--budget {budget}: give the per-tensor search's seconds, 0..86400 (0 turns it off)")
     auto = method == "auto"  # measured choice among the methods (passes/method_choice.py) on a plain table
     fitted = bool(tune or refine or split_channels > 1 or range_only)
     options = calib.CalibrationOptions(
@@ -289,8 +296,11 @@ def calibrate(
     # the layers the float patterns keep in bf16: the method choice measures with them, the qtable lists them
     patterns = _pattern_layers(model, shapes, float_patterns and (output is not None or (auto and not fitted)))
     if auto and not fitted:
-        result, choice = _calibrate_auto(run, model, data, samples, frozen, pre, shapes, patterns, options)
+        search = DEFAULT_BUDGET if budget is None else budget
+        result, choice, closing = _calibrate_auto(run, model, data, samples, frozen, pre, shapes, patterns, options,
+                                                  search)  # fmt: skip
         done.details.append(choice.summary())
+        done.report = _report_lines(closing)
     else:
         result = run(data, limit=samples, ranges=frozen, range_only=range_only, keep_histograms=save_stats is not None)
         if auto and not range_only:
@@ -324,6 +334,19 @@ def calibrate(
     return done
 
 
+def _report_lines(report: Any, worst: int = 3) -> list[str]:
+    """The closing accuracy report: per output on samples no threshold saw, then the worst layers."""
+    if report is None:
+        return ["held-out report: fewer than 10 samples, none set apart (give more samples to measure)"]
+    lines = []
+    for out in report.outputs:
+        top1 = f", top-1 agreement {out.top1_agreement:.3f}" if out.top1_agreement is not None else ""
+        lines.append(f"held-out ({report.samples} samples) output {out.name}: cosine {out.cosine:.5f}, "
+                     f"SQNR {out.sqnr_db:.1f} dB{top1}")  # fmt: skip
+    shown = ", ".join(f"{a.name} {a.cosine:.4f}" for a in report.layers[:worst])
+    return lines + [f"held-out worst layers: {shown}"]
+
+
 def _pattern_layers(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
     """Pattern name -> the op names it keeps in float, on the canonical IR (none when `enabled` is false)."""
     if not enabled:
@@ -338,32 +361,49 @@ def _pattern_layers(model: Path, shapes: dict, enabled: bool) -> dict[str, list[
 
 
 def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
-                    patterns: dict[str, list[str]], options: Any) -> tuple[Any, Any]:  # fmt: skip
-    """`--method auto`: ranges over every sample, then histograms of the samples that choose the method and of
-    every fifth one apart; each method's table from the first set is scored on the second, which the thresholds
-    never saw. The table is the chosen method's over both sets merged: the bytes a run with that method gives."""
+                    patterns: dict[str, list[str]], options: Any, budget: float) -> tuple[Any, Any, Any]:  # fmt: skip
+    """`--method auto` (passes/method_choice.py). With 10 or more samples every fifth from the third on is set
+    apart for the closing report and stays out of the table. Of the rest, every fifth chooses the method among
+    tables fitted on the others; then the per-tensor search runs on the chosen method's table over all of them
+    (scored on up to 8 of them, spread). The table is made from all but the report samples."""
     from dataclasses import replace
 
     from npuc.passes.calibrate import plan_calibration, stats_to_table
-    from npuc.passes.method_choice import choose_method, evaluation_picks
+    from npuc.passes.compare import Comparison
+    from npuc.passes.method_choice import AUTO_METHODS, choose_method, choose_tensor_methods, evaluation_picks
     from npuc.passes.preprocess import list_samples, load_sample
 
     files = list_samples(data, limit)
-    held = files[4::5] if len(files) >= 5 else files  # too few to set any apart: measured on what they fit
-    fit = [f for f in files if f not in held] or files
+    report = files[2::5] if len(files) >= 10 else []
+    used = [f for f in files if f not in report]
+    choose = used[4::5] if len(used) >= 5 else used  # too few to set any apart: measured on what they fit
+    fit = [f for f in used if f not in choose] or used
     start = time.perf_counter()
-    ranges = frozen if frozen is not None else run(files, range_only=True).stats
+    ranges = frozen if frozen is not None else run(used, range_only=True).stats
     fitted = run(fit, ranges=ranges, keep_histograms=True)
-    stats = fitted.stats if fit == held else fitted.stats.merge(run(held, ranges=ranges, keep_histograms=True).stats)
+    stats = fitted.stats
+    if fit != choose:
+        stats = stats.merge(run(choose, ranges=ranges, keep_histograms=True).stats)
     inputs = plan_calibration(model, shapes or None).inputs
-    feeds = [load_sample(held[i], inputs, pre) for i in evaluation_picks(len(held))]
     layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
+    feeds = [load_sample(choose[i], inputs, pre) for i in evaluation_picks(len(choose))]
     choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
-    table = stats_to_table(stats, replace(options, method=choice.method))
-    table.method = f"auto ({table.method})"
+    tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
+    spread = [load_sample(used[i], inputs, pre) for i in evaluation_picks(len(used))]
+    table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)
+    others = f", {len(choice.per_tensor)} tensors by other methods" if choice.per_tensor else ""
+    table.method = f"auto ({choice.method}{others})"
     choice.table = table
-    result = replace(fitted, stats=stats, table=table, samples=len(files), seconds=time.perf_counter() - start)
-    return result, choice
+    closing = None
+    if report:
+        import warnings
+
+        held = [load_sample(report[i], inputs, pre) for i in evaluation_picks(len(report))]
+        with warnings.catch_warnings():  # rows without a tensor are the build's to report
+            warnings.simplefilter("ignore")
+            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None).evaluate(layers)
+    result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
+    return result, choice, closing
 
 
 def merge_calibration(

@@ -333,21 +333,58 @@ def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_
 
 def test_auto_method_measures_every_method_and_records_its_choice(tmp_path: Path) -> None:
     """The default: each method's table scored on the network (cv18xx int8 reference vs onnxruntime) on samples
-    its thresholds did not see, the best kept and named in the header; explicit methods are left as they are."""
+    its thresholds did not see, the best kept and named in the header; explicit methods are left as they are.
+    Without the per-tensor search (budget 0) and with too few samples to set a report part apart, the table
+    is the chosen method's over every sample."""
     import npuc
     from npuc.passes.calitable import read_table
     from npuc.passes.method_choice import AUTO_METHODS, evaluation_picks
+    from npuc.passes.preprocess import list_samples
 
     assert evaluation_picks(3) == [0, 1, 2] and evaluation_picks(100) == [0, 14, 28, 42, 57, 71, 85, 99]
-    data = SAMPLES
-    done = npuc.calibrate(MODEL, [data], tmp_path / "auto.txt")
+    few = tmp_path / "few.txt"
+    few.write_text("\n".join(str(f) for f in list_samples([SAMPLES])[:9]) + "\n")
+    done = npuc.calibrate(MODEL, [few], tmp_path / "auto.txt", budget=0)
     (line,) = [d for d in done.details if d.startswith("threshold method ")]
     chosen = line.split()[2].rstrip(":")
     assert chosen in AUTO_METHODS and all(f"{m} 0." in line or f"{m} 1." in line for m in AUTO_METHODS)
-    assert read_table(tmp_path / "auto.txt").method.startswith("auto (")
-    npuc.calibrate(MODEL, [data], tmp_path / "kl.txt", method="kl")
+    assert "per tensor" not in line and any("fewer than 10 samples" in d for d in done.report)
+    assert read_table(tmp_path / "auto.txt").method == f"auto ({chosen})"
+    npuc.calibrate(MODEL, [few], tmp_path / "kl.txt", method="kl")
     assert read_table(tmp_path / "kl.txt").method == "kl"
     # the thresholds are the chosen method's over every sample (chosen on held-out ones: every fifth)
-    npuc.calibrate(MODEL, [data], tmp_path / "same.txt", method=chosen)
+    npuc.calibrate(MODEL, [few], tmp_path / "same.txt", method=chosen)
     rows = lambda p: [line for line in p.read_text().splitlines() if not line.startswith("#")]  # noqa: E731
     assert rows(tmp_path / "auto.txt") == rows(tmp_path / "same.txt")
+
+
+def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp_path: Path) -> None:
+    """With 10 or more samples every fifth from the third is the closing report's and stays out of the table;
+    every row of the table is one method's row over the other samples; the same inputs give the same bytes."""
+    import npuc
+    from npuc.passes.calitable import read_table
+    from npuc.passes.method_choice import AUTO_METHODS
+    from npuc.passes.preprocess import list_samples
+
+    files = list_samples([SAMPLES])
+    assert len(files) >= 10
+    done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "auto.txt")
+    again = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "again.txt")
+    assert (tmp_path / "auto.txt").read_bytes() == (tmp_path / "again.txt").read_bytes()
+    assert [d for d in done.details if "per tensor" in d] == [d for d in again.details if "per tensor" in d]
+    report = [d for d in done.report if d.startswith("held-out (")]
+    assert len(report) == 1 and "output" in report[0] and "cosine" in report[0] and "SQNR" in report[0]
+    assert done.report[-1].startswith("held-out worst layers: ")
+    used = tmp_path / "used.txt"
+    used.write_text("\n".join(str(f) for f in files if f not in files[2::5]) + "\n")
+    tables = {}
+    for method in AUTO_METHODS:
+        npuc.calibrate(MODEL, [used], tmp_path / f"{method}.txt", method=method)
+        tables[method] = read_table(tmp_path / f"{method}.txt").entries
+    table = read_table(tmp_path / "auto.txt")
+    assert table.method.startswith("auto (")
+    chosen = table.method[len("auto (") :].split(",")[0].rstrip(")")
+    for row, entry in table.entries.items():
+        assert any(tables[m][row] == entry for m in AUTO_METHODS), row
+    changed = [row for row, entry in table.entries.items() if entry != tables[chosen][row]]
+    assert (", " in table.method) == bool(changed)

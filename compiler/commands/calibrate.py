@@ -24,7 +24,7 @@ from typing import Annotated
 
 import typer
 from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, preprocess
-from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_MAX_FLOAT_LAYERS
+from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_BUDGET, DEFAULT_MAX_FLOAT_LAYERS
 from typer.core import TyperGroup
 
 DEFAULT_COMMAND = "run"
@@ -162,6 +162,14 @@ def register(app: typer.Typer) -> None:
                 help="Keep the layers known to need float (a detector's decode) in TABLE.qtable, as tpu-mlir does.",
             ),
         ] = True,
+        budget: Annotated[
+            float,
+            typer.Option(
+                "--budget",
+                help="Seconds (estimated) --method auto spends choosing a method per tensor; 0 turns it off. "
+                "A fixed cost model turns it into a trial count: the same inputs give the same table anywhere.",
+            ),
+        ] = DEFAULT_BUDGET,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         from npuc import api
@@ -174,12 +182,14 @@ def register(app: typer.Typer) -> None:
                 refine=refine, refine_samples=refine_samples, split_channels=split_channels, preprocess=pre,
                 input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
                 save_stats=save_stats_path, bmnet=bmnet, jobs=jobs, ray=ray, target_cos=target_cos,
-                max_float_layers=max_float_layers, float_patterns=float_patterns, progress=progress,
+                max_float_layers=max_float_layers, float_patterns=float_patterns, budget=budget, progress=progress,
             )  # fmt: skip
         for line in done.notes:
             typer.echo(f"npuc: note: {line}", err=True)
         for line in done.details:
             _note(line)
+        for line in done.report:
+            typer.echo(f"npuc: {line}", err=True)
 
     @group.command("merge", no_args_is_help=True)
     def merge(
