@@ -90,10 +90,13 @@ def build(
     if qtable_layers:
         result.summary["qtable_bf16_layers"] = qtable_layers
     if depfile is not None:
-        from npuc.compiler.fileio import atomic_write_bytes
+        from npuc.compiler.depfile import onnx_external_files, write_depfile
+        from npuc.passes.qtable import beside
 
-        deps = " ".join(str(p) for p in [model, calib, config] if p is not None)
-        atomic_write_bytes(Path(depfile), f"{' '.join(str(a) for a in result.artifacts)}: {deps}\n".encode())
+        read = [model, *onnx_external_files(model), weights, config]
+        if calib is not None:
+            read += [calib, *(f for f in (side_file(calib), beside(calib)) if f.is_file())]
+        write_depfile(depfile, result.artifacts, [*read, qtable])
     result.target = chosen.name
     return result
 
@@ -243,14 +246,16 @@ def calibrate(
     max_float_layers: int | None = None,
     float_patterns: bool = True,
     budget: float | None = None,
+    depfile: str | Path | None = None,
     progress: Any = None,
 ) -> Calibrated:
     """Calibrate `model` on `data` (folders, sample files, .txt lists) and write what `npuc calibrate` writes:
     the tpu-mlir table at `output`, `<output>.refine.npz` (`refine`, `split_channels`), `<output>.qtable` (the
-    float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`). `budget`:
-    seconds of `--method auto`'s per-tensor search (default 30; estimated by a fixed cost model, so the same
-    inputs give the same table on any machine; 0 keeps one method for every tensor)."""
-    from npuc.compiler.defaults import DEFAULT_BUDGET
+    float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`).
+    `depfile`: a Makefile rule from the files written to every file read (model, its external data, each
+    sample, lists, `ranges`). `budget`: seconds of `--method auto`'s per-tensor search (default 30; estimated
+    by a fixed cost model, so the same inputs give the same table on any machine; 0: one method for all)."""
+    from npuc.compiler.defaults import DEFAULT_BUDGET, DEFAULT_TARGET_COS
     from npuc.passes import calibrate as calib
     from npuc.passes.calitable import write_table
     from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
@@ -280,7 +285,14 @@ def calibrate(
     shapes = _as_shape_dict(input_shapes)
     done = Calibrated(None)
     held_out: list[Path] = []
-    if target_cos is not None:
+    if target_cos is not None and not 0 <= target_cos <= 1:
+        raise UserError(f"--target-cos {target_cos}: give an output cosine in (0, 1], e.g. 0.99 (0 turns it off)")
+    # --method auto sets its own report part apart, and --target-cos (on by default) searches on it
+    searched_on_report = auto and not fitted and output is not None and target_cos != 0
+    explicit_target = bool(target_cos)
+    if searched_on_report and explicit_target and len(list_samples(data, samples)) < 10:
+        searched_on_report = False  # too few for a report part: the target gets the last fifth, as with a method
+    if target_cos and not searched_on_report:
         if output is None or refine or split_channels > 1 or range_only:
             raise UserError("--target-cos searches over a plain table: give -o TABLE, without --refine, "
                             "--split-channels or --range-only")  # fmt: skip
@@ -297,10 +309,16 @@ def calibrate(
     patterns = _pattern_layers(model, shapes, float_patterns and (output is not None or (auto and not fitted)))
     if auto and not fitted:
         search = DEFAULT_BUDGET if budget is None else budget
-        result, choice, closing = _calibrate_auto(run, model, data, samples, frozen, pre, shapes, patterns, options,
-                                                  search)  # fmt: skip
+        result, choice, closing, report_files = _calibrate_auto(run, model, data, samples, frozen, pre, shapes,
+                                                                patterns, options, search)  # fmt: skip
         done.details.append(choice.summary())
         done.report = _report_lines(closing)
+        if searched_on_report:
+            target_cos = target_cos or DEFAULT_TARGET_COS
+            held_out = report_files
+            if not held_out:
+                done.notes.append(f"--target-cos {target_cos} not searched: it needs 10 or more samples to set a "
+                                  "held-out part apart")  # fmt: skip
     else:
         result = run(data, limit=samples, ranges=frozen, range_only=range_only, keep_histograms=save_stats is not None)
         if auto and not range_only:
@@ -323,15 +341,33 @@ def calibrate(
                 f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: {side_file(output)}"
             )
         done.notes += _write_qtable(model, result.table, output, shapes, patterns, held_out, pre, target_cos,
-                                    max_float_layers or DEFAULT_MAX_FLOAT_LAYERS)  # fmt: skip
+                                    max_float_layers or DEFAULT_MAX_FLOAT_LAYERS, explicit_target)  # fmt: skip
     if bmnet is not None and result.table is not None:
         _write_bmnet(model, result.table, shapes, bmnet)
+    if depfile is not None:
+        _calibration_depfile(Path(depfile), model, data, samples, ranges, [output, save_stats, bmnet])
     rate = result.samples / max(result.seconds, 1e-9)
     done.details.append(
         f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
-        f"({options.method_label()}, {rate:.1f} samples/s)"
+        f"({result.table.method if result.table is not None and auto else options.method_label()}, "
+        f"{rate:.1f} samples/s)"
     )
     return done
+
+
+def _calibration_depfile(path: Path, model: Path, data: Any, samples: int | None, ranges: Any,
+                         outputs: list[Path | None]) -> None:  # fmt: skip
+    from npuc.compiler.depfile import onnx_external_files, write_depfile
+    from npuc.passes.preprocess import list_samples
+    from npuc.passes.qtable import beside
+    from npuc.passes.refinement import side_file
+
+    written = [p for p in outputs if p is not None]
+    if outputs[0] is not None:  # the table's companions, when this run wrote them
+        written += [f for f in (beside(outputs[0]), side_file(outputs[0])) if f.is_file()]
+    lists = [Path(d) for d in data if Path(d).is_file() and Path(d).suffix == ".txt"]
+    read = [model, *onnx_external_files(model), *lists, *list_samples(data, samples), ranges]
+    write_depfile(path, written, read)
 
 
 def _report_lines(report: Any, worst: int = 3) -> list[str]:
@@ -361,7 +397,8 @@ def _pattern_layers(model: Path, shapes: dict, enabled: bool) -> dict[str, list[
 
 
 def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
-                    patterns: dict[str, list[str]], options: Any, budget: float) -> tuple[Any, Any, Any]:  # fmt: skip
+                    patterns: dict[str, list[str]], options: Any,
+                    budget: float) -> tuple[Any, Any, Any, list[Path]]:  # fmt: skip
     """`--method auto` (passes/method_choice.py). With 10 or more samples every fifth from the third on is set
     apart for the closing report and stays out of the table. Of the rest, every fifth chooses the method among
     tables fitted on the others; then the per-tensor search runs on the chosen method's table over all of them
@@ -403,7 +440,7 @@ def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen:
             warnings.simplefilter("ignore")
             closing = Comparison(model, table, held, "cv18xx_int8", shapes or None).evaluate(layers)
     result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
-    return result, choice, closing
+    return result, choice, closing, report
 
 
 def merge_calibration(
@@ -442,9 +479,11 @@ def _check_folders(*outputs: tuple[Path | None, str]) -> None:
 
 
 def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
-                  held_out: list[Path], pre: Any, target: float | None, max_layers: int) -> list[str]:  # fmt: skip
-    """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds; a stale one from an
-    earlier table is removed. Returns the lines to say: the qtable decides what `npuc build --calib` does."""
+                  held_out: list[Path], pre: Any, target: float | None, max_layers: int,
+                  explicit: bool = True) -> list[str]:  # fmt: skip
+    """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
+    none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
+    the lines to say: the qtable decides what `npuc build --calib` does."""
     from npuc.passes.qtable import beside, write_qtable
 
     base = list(dict.fromkeys(n for layers in found.values() for n in layers))
@@ -467,7 +506,7 @@ def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, found: di
         lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
                      f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
     path = beside(output)
-    if base or held_out:
+    if base or chosen or (held_out and explicit):
         write_qtable(path, [*base, *chosen], "BF16", comments)
         lines.append(f"wrote {path}")
     elif path.exists():

@@ -113,3 +113,25 @@ def test_target_cos_needs_held_out_samples(calibrated, tmp_path: Path) -> None: 
     run = _npuc("calibrate", str(model), "--data", str(tmp_path / "one.npy"), "-o", str(tmp_path / "t"),
                 "--target-cos", "0.99")  # fmt: skip
     assert run.returncode == 2 and "--target-cos needs at least 2 samples" in run.stderr
+
+
+def test_target_cos_is_on_by_default_on_the_report_samples(tmp_path: Path) -> None:
+    """`--method auto` with 10+ samples: --target-cos 0.99 runs on the samples set apart for the report (no
+    other split); `--target-cos 0` turns it off; with fewer samples it says why it did not run."""
+    import npuc
+    from golden import GOLDEN_ROOT
+
+    model, samples = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx", GOLDEN_ROOT / "cv18xx" / "smallcnn_cali_samples"
+    done = npuc.calibrate(model, [samples], tmp_path / "t.txt")
+    (line,) = [n for n in done.notes if n.startswith("--target-cos 0.99 on 4 held-out sample(s)")]
+    assert "int8 output cosine" in line
+    reported = float(done.report[0].split("cosine ")[1].split(",")[0])
+    searched = float(line.split("int8 output cosine ")[1].split(";")[0])
+    assert abs(reported - searched) < 1e-5  # the same samples: the report's
+    off = npuc.calibrate(model, [samples], tmp_path / "off.txt", target_cos=0)
+    assert not any("--target-cos" in n for n in off.notes)
+    assert (tmp_path / "t.txt").read_bytes() == (tmp_path / "off.txt").read_bytes()  # the table is the same
+    few = tmp_path / "few.txt"
+    few.write_text("\n".join(str(p) for p in sorted(samples.iterdir())[:6]) + "\n")
+    done = npuc.calibrate(model, [few], tmp_path / "few_t.txt")
+    assert any("--target-cos 0.99 not searched: it needs 10 or more samples" in n for n in done.notes)
