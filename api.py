@@ -247,13 +247,15 @@ def calibrate(
     float_patterns: bool = True,
     budget: float | None = None,
     depfile: str | Path | None = None,
+    on_bad_sample: str = "fail",
     progress: Any = None,
 ) -> Calibrated:
     """Calibrate `model` on `data` (folders, sample files, .txt lists) and write what `npuc calibrate` writes:
     the tpu-mlir table at `output`, `<output>.refine.npz` (`refine`, `split_channels`), `<output>.qtable` (the
     float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`).
     `depfile`: a Makefile rule from the files written to every file read (model, its external data, each
-    sample, lists, `ranges`). `budget`: seconds of `--method auto`'s per-tensor search (default 30; estimated
+    sample, lists, `ranges`). `on_bad_sample`: "fail" (default) or "skip" a sample that cannot be read,
+    decided before the first pass. `budget`: seconds of `--method auto`'s per-tensor search (default 30; estimated
     by a fixed cost model, so the same inputs give the same table on any machine; 0: one method for all)."""
     from npuc.compiler.defaults import DEFAULT_BUDGET, DEFAULT_TARGET_COS
     from npuc.passes import calibrate as calib
@@ -261,7 +263,7 @@ def calibrate(
     from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
     from npuc.passes.histogram import DEFAULT_BINS, load_stats
     from npuc.passes.histogram import save_stats as write_stats
-    from npuc.passes.preprocess import Preprocess, list_samples
+    from npuc.passes.preprocess import Preprocess, list_samples, screen_samples
     from npuc.passes.refinement import Refinement, save_refinement, side_file
 
     model = Path(model)
@@ -284,6 +286,11 @@ def calibrate(
     pre = preprocess or Preprocess()
     shapes = _as_shape_dict(input_shapes)
     done = Calibrated(None)
+    listed = list_samples(data, samples)
+    usable, skipped = screen_samples(listed, calib.plan_calibration(model, shapes or None).inputs, pre, on_bad_sample)
+    done.notes += skipped
+    if len(usable) != len(listed):
+        data, samples = usable, None
     held_out: list[Path] = []
     if target_cos is not None and not 0 <= target_cos <= 1:
         raise UserError(f"--target-cos {target_cos}: give an output cosine in (0, 1], e.g. 0.99 (0 turns it off)")

@@ -163,6 +163,31 @@ def load_sample(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dic
     return {spec.name: _fit(raw[spec.name], spec, path) for spec in inputs}
 
 
+BAD_SAMPLE_POLICIES = ("fail", "skip")
+
+
+def screen_samples(
+    files: Sequence[Path], inputs: Sequence[InputSpec], pre: Preprocess, policy: str = "fail"
+) -> tuple[list[Path], list[str]]:
+    """Load every sample once before a long pass: a damaged or mis-shaped one stops the run naming its path
+    (`fail`), or is left out with a note (`skip`). Returns (usable files, notes)."""
+    if policy not in BAD_SAMPLE_POLICIES:
+        raise UserError(f"--on-bad-sample {policy}: choose {' or '.join(BAD_SAMPLE_POLICIES)}")
+    good, notes = [], []
+    for path in files:
+        try:
+            load_sample(path, inputs, pre)
+        except UserError as exc:
+            if policy == "fail":
+                raise UserError(f"{path}: {exc} (or --on-bad-sample skip to leave it out)") from None
+            notes.append(f"skipped {path}: {exc}")
+        else:
+            good.append(path)
+    if files and not good:
+        raise UserError(f"none of the {len(files)} samples can be used; the first: {notes[0]}")
+    return good, notes
+
+
 def iter_samples(files: Iterable[Path], inputs: Sequence[InputSpec], pre: Preprocess) -> Iterator[dict]:
     """Load samples lazily, one at a time."""
     for path in files:

@@ -175,6 +175,13 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--depfile", help="Also write a Makefile rule: the files written depend on every file read."),
         ] = None,
+        on_bad_sample: Annotated[
+            str,
+            typer.Option(
+                "--on-bad-sample",
+                help="A sample that cannot be read (checked before the first pass): fail (stop, naming it) or skip.",
+            ),
+        ] = "fail",
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
         from npuc import api
@@ -188,7 +195,7 @@ def register(app: typer.Typer) -> None:
                 input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
                 save_stats=save_stats_path, bmnet=bmnet, jobs=jobs, ray=ray, target_cos=target_cos,
                 max_float_layers=max_float_layers, float_patterns=float_patterns, budget=budget, depfile=depfile,
-                progress=progress,
+                on_bad_sample=on_bad_sample, progress=progress,
             )  # fmt: skip
         for line in done.notes:
             typer.echo(f"npuc: note: {line}", err=True)
