@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import typer
 from npuc.compiler.errors import UserError
 
+from .options import Color, Layout, Mean, Resize, Scale, preprocess
+
 if TYPE_CHECKING:  # numpy and the artifact registry load when a command runs, not for --help
     import numpy as np
     from npuc.compiler.artifacts import TensorSpec
@@ -24,6 +26,15 @@ def _feeds_from_file(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarra
     if missing:
         raise UserError(f"{path}: no array for input(s) {', '.join(missing)}; the file holds {', '.join(arrays)}")
     return {n: arrays[n] for n in names}
+
+
+def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """A picture prepared as calibrate prepares it (the same --mean/--scale/--color/--resize/--layout)."""
+    import numpy as np
+    from npuc.passes.preprocess import InputSpec, load_sample
+
+    inputs = [InputSpec(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in specs]
+    return load_sample(path, inputs, pre)
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:
@@ -67,12 +78,19 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
         path: Path = typer.Argument(..., help="An .onnx model or an npuc-readable artifact."),
-        input: Path = typer.Option(None, "--input", "-i", help=".npz (keys = input names) or .npy for one input."),
+        input: Path = typer.Option(
+            None, "--input", "-i", help=".npz (keys = input names), .npy for one input, or a picture (.jpg/.png/.bmp)."
+        ),
         random_input: bool = typer.Option(False, "--random-input", help="Feed seeded random data instead."),
         seed: int = typer.Option(0, "--seed", help="Seed for --random-input."),
         output: Path = typer.Option(None, "--output", "-o", help="Write the outputs to this .npz."),
         input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,... (ONNX)."),
         shape: str = typer.Option(None, "--shape", help="Compiled input shape D0,D1,... to run (bmodel)."),
+        mean: Mean = "0",
+        scale: Scale = "1",
+        color: Color = "rgb",
+        resize: Resize = None,
+        layout: Layout = "nchw",
     ) -> None:
         """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes)."""
         import numpy as np
@@ -89,7 +107,14 @@ def register(app: typer.Typer) -> None:
         if shape is not None:
             options.extra["shape"] = _parse_shape(shape)
         specs = kind.inputs(path, options)
-        feeds = _random_feeds(specs, seed) if random_input else _feeds_from_file(input, specs)
+        from npuc.passes.preprocess import IMAGE_SUFFIXES
+
+        if random_input:
+            feeds = _random_feeds(specs, seed)
+        elif input.suffix.lower() in IMAGE_SUFFIXES:
+            feeds = _feeds_from_picture(input, specs, preprocess(mean, scale, color, resize, layout))
+        else:
+            feeds = _feeds_from_file(input, specs)
         outputs = kind.run(path, feeds, options)
         for name, value in outputs.items():
             typer.echo(_summary(name, value))
