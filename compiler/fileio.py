@@ -81,7 +81,6 @@ def atomic_write_tree(
     files: dict[str, bytes],
     finish: Callable[[Path], None] | None = None,
     what: str = "this target",
-    make_parent: bool = False,
 ) -> None:
     """Write `files` (relative path -> bytes) into a temporary folder beside `output`, run `finish(tmp)`, then
     swap the folder into place; a failure at any point leaves `output` as it was."""
@@ -89,8 +88,6 @@ def atomic_write_tree(
     if output.name in ("", ".", ".."):
         raise UserError(f"-o {str(output)!r} names no folder; give a new or existing output folder such as out/model")
     _check_name_length(output)
-    if make_parent:
-        output.parent.mkdir(parents=True, exist_ok=True)
     if not output.parent.is_dir():
         raise UserError(f"output folder {output.parent} does not exist; create it or choose another -o")
     if output.exists() and not output.is_dir():

@@ -97,6 +97,7 @@ def test_two_conv_branches(tmp_path: Path) -> None:
     assert [r.p for r in net.layers[1].conv.runs] == [3, 5] and net.layers[1].output_dim == [12, 14, 24]
     # an 8 KB unified buffer: each conv alone fits (2 tiles), but the merged command's single-tile peak is
     # 8736 bytes, so the driver would refuse it and the branches stay separate layers with a free concat
+    (tmp_path / "small").mkdir()
     small, _ = _build_and_compare(tmp_path / "small", _model(tmp_path, body, "two_branches"), ub_size=8192)
     assert [layer.type for layer in small.layers] == ["LT_CONV", "LT_CONV", "LT_CONV", "LT_CONCAT"]
     assert small.hardware["ub_size"] == 8192

@@ -97,3 +97,12 @@ def test_temporaries_of_killed_runs_are_cleaned(tmp_path: Path) -> None:
 def test_file_output_in_a_missing_folder(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         atomic_write_bytes(tmp_path / "no" / "x.bin", b"")
+
+
+@pytest.mark.parametrize("target", ["cv18xx", "lyngor", "dmp"])
+def test_every_target_refuses_a_missing_output_folder_alike(model: Path, tmp_path: Path, target: str) -> None:
+    """-o is the exact path given; a missing parent folder is refused the same way by every target."""
+    run = _build(model, target, "-o", str(tmp_path / "missing" / "out"), cwd=tmp_path)
+    assert run.returncode == 2
+    assert f"output folder {tmp_path / 'missing'} does not exist" in run.stderr
+    assert not (tmp_path / "missing").exists()

@@ -162,5 +162,5 @@ def write_output(out_dir: Path, net: Network, blob: bytes, source: str) -> list[
         f"{net.name}{LAYERS_SUFFIX}": table.encode(),
     }
     out_dir = Path(out_dir)
-    atomic_write_tree(out_dir, files, what="the dmp target", make_parent=True)
+    atomic_write_tree(out_dir, files, what="the dmp target")
     return [out_dir / fname for fname in files]
