@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out
 JOBS   ?= 2
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -q
+
+# The inner loop: no vendor simulator, no model downloads (make test runs everything).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -q --fast
 
 bench: $(STAMP)
 	$(BIN)/python bench/frontend.py

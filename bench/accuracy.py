@@ -221,6 +221,21 @@ def npuc_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path
     return calibrate(model, [folder], options=CalibrationOptions(method="kl", tune=tune)).table
 
 
+def default_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path):  # noqa: ANN201
+    """What `npuc calibrate MODEL --data DIR -o T` gives with no option (--method auto with its per-tensor
+    search, --target-cos 0.99 on the report samples): (table, the qtable's bf16 layers)."""
+    import npuc
+    from npuc.passes.calitable import read_table
+    from npuc.passes.qtable import beside, read_qtable
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, feed in enumerate(calib):
+        np.savez(folder / f"{i:04d}.npz", **feed)
+    npuc.calibrate(model, [folder], folder / "table.txt")
+    qtable = beside(folder / "table.txt")
+    return read_table(folder / "table.txt"), list(read_qtable(qtable)) if qtable.is_file() else []
+
+
 CLI_SPLIT = 3  # the product path's --split-channels
 
 
@@ -513,6 +528,9 @@ def measure(
     ref = fp32_outputs(model, feeds)
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="npuc-bench-acc-") as tmp:
+        (table, layers), t_cal = _timed(lambda: default_table(model, calib, Path(tmp) / "default"))
+        got, t_run = _timed(lambda: npuc_int8_outputs(model, table, feeds, layers))
+        rows.append(score(f"npuc calibrate defaults ({table.method}, {len(layers)} bf16)", ref, got, t_cal + t_run))
         tables = {}
         for tune in (0, TUNE_SAMPLES):
             table, t_cal = _timed(lambda tune=tune: npuc_table(model, calib, Path(tmp) / "calib", tune))

@@ -30,3 +30,30 @@ def real_model() -> Callable[[str], Path]:
         return fetched[name]
 
     return get
+
+
+# `make test-fast` (pytest --fast): the inner loop without the vendor simulator and without real models.
+SLOW_MARKERS = ("fetch_model(", "model_inputs(")  # module text that reaches the model downloads
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true", help="leave out vendor-simulator and real-model tests")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    vendor = Path(__file__).parent / "vendor"
+    texts: dict[Path, str] = {}
+
+    def slow(item: pytest.Item) -> bool:
+        path = Path(str(item.path))
+        if path.is_relative_to(vendor) or "real_model" in getattr(item, "fixturenames", ()):
+            return True
+        if path not in texts:
+            texts[path] = path.read_text()
+        return any(marker in texts[path] for marker in SLOW_MARKERS)
+
+    kept = [item for item in items if not slow(item)]
+    config.hook.pytest_deselected(items=[item for item in items if slow(item)])
+    items[:] = kept
