@@ -444,6 +444,26 @@ def default_form(target: str) -> str:
     return "exact" if target in EXACT_TARGETS else "plain"
 
 
+def split_into_slices(graph: Graph) -> Graph:
+    """The graph with every multi-output split written as one slice per output (the same values): the QDQ
+    writers quantize op by op, one output each (YOLO's C2f blocks and heads split)."""
+    from dataclasses import replace
+
+    from npuc.compiler.ops import Slice
+
+    ops: list[Op] = []
+    for op in graph.ops:
+        if op.kind != "split" or len(op.outputs) < 2:
+            ops.append(op)
+            continue
+        starts = np.cumsum((0, *op.attrs.sizes))
+        axis = op.attrs.axis % len(graph.shape(op.inputs[0]))
+        for k, out in enumerate(op.outputs):
+            attrs = Slice((int(starts[k]),), (int(starts[k + 1]),), (axis,), (1,))
+            ops.append(Op(f"{op.name}_{k}" if k else op.name, "slice", [op.inputs[0]], [out], attrs))
+    return replace(graph, ops=ops)
+
+
 def qdq_for_target(
     graph: Graph,
     target: str,
@@ -464,6 +484,7 @@ def qdq_for_target(
     form = form or default_form(target)
     if form not in FORMS:
         raise UserError(f"unknown QDQ form '{form}'; choose one of {', '.join(FORMS)}")
+    graph = split_into_slices(graph)
     if form == "exact":
         if target not in EXACT_WRITERS:
             raise UserError(f"target '{target}' has no exact QDQ form; use --form plain")

@@ -298,7 +298,7 @@ INT8_EMITTERS: Mapping[str, Int8Emitter] = MappingProxyType(
         "activation": _lookup,
         "lut": _lookup,
         "pad": _pad,
-        **{kind: _moved for kind in ("reshape", "transpose", "slice", "expand", "gather")},
+        **{kind: _moved for kind in ("reshape", "transpose", "slice", "expand", "gather", "resize")},  # nearest only
     }
 )
 

@@ -27,6 +27,7 @@ from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
+from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
 from npuc.models.make_models import make_all
 from npuc.passes.calibrate import CalibrationOptions, calibrate, max_abs_thresholds, tensor_table_names
@@ -654,3 +655,31 @@ def test_every_symmetric_target_exports_its_reference_exactly(smallcnn, smallcnn
             assert cosine(theirs, ours) >= 0.99999
         else:
             np.testing.assert_array_equal(theirs, ours)
+
+
+def test_yolov8n_exact_form_is_bit_exact(real_model, tmp_path):
+    """YOLOv8n (the bpu export's QDQ model): its C2f splits are written as one slice per output
+    (passes.qdq.split_into_slices) and its nearest-neighbour int8 upsampling moves codes like any data move;
+    both outputs and every int8 tensor equal npuc's int8 reference bit for bit."""
+    from npuc.passes.qdq import split_into_slices
+
+    path = real_model("yolov8n_320")
+    spec = get_model("yolov8n_320")
+    graph = import_onnx(path, spec.input_shapes)
+    canonicalize(graph)
+    feeds = model_inputs("yolov8n_320", 3)
+    for i, feed in enumerate(feeds):
+        np.save(tmp_path / f"{i}.npy", feed["images"])
+    table = calibrate(path, [tmp_path], options=CalibrationOptions(method="max"), input_shapes=spec.input_shapes).table
+    graph = split_into_slices(graph)
+    assert not any(op.kind == "split" for op in graph.ops)
+    qgraph = quantize(graph, thresholds_for_model(graph, table, path), "cv18xx_int8")
+    assert any(op.kind == "resize" and op.attrs.quant.mode == "int8" for op in qgraph.ops)
+    exact = write_qdq_exact(qgraph)
+    out = session(exact)
+    for feed in feeds[:2]:
+        ours = run(qgraph, feed, kernels=QUANT_KERNELS)
+        for name, theirs in zip([o.name for o in out.get_outputs()], out.run(None, feed)):
+            np.testing.assert_array_equal(theirs, ours[name])
+    count, mismatches = int8_tensor_mismatches(qgraph, exact, feeds[2:])
+    assert count > 100 and mismatches == {}

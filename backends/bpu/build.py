@@ -44,6 +44,7 @@ from npuc.passes.qdq import (
     FORMS,
     InputPrologue,
     plan_from_quantized,
+    split_into_slices,
     thresholds_for_model,
     write_qdq,
     write_qdq_exact,
@@ -208,7 +209,7 @@ def quantized_model(qgraph: Graph, opts: BpuOptions) -> onnx.ModelProto:
 def build_bpu(request: BuildRequest) -> BuildResult:
     """`npuc build --target bpu`: the output folder with the contract, its C header and the QDQ ONNX."""
     opts = BpuOptions.from_request(request)
-    graph = request.graph
+    graph = split_into_slices(request.graph)  # the QDQ writers take single-output ops
     by_name = {cfg.name: cfg for cfg in opts.hb_inputs}
     unknown = sorted(set(by_name) - set(graph.inputs))
     if unknown:
