@@ -41,6 +41,7 @@ from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
 from npuc.compiler.kernels.quantized.bf16_act import bf16_constant
+from npuc.compiler.kernels.quantized.bf16_conv import conv_transpose_pads, transposed_conv_filter
 from npuc.compiler.kernels.quantized.int8 import pool_requant
 from npuc.compiler.kernels.quantized.params import OpQuant
 from npuc.passes.fixedpoint import round_to_bf16
@@ -155,6 +156,32 @@ def _conv(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
     a = op.attrs
     attrs = {"strides": list(a.strides), "pads": list(a.pads), "dilations": list(a.dilations), "group": a.group}
     acc = e.to_i64(e.b.node("ConvInteger", ins[:2], **attrs))
+    if len(ins) > 2:
+        acc = e.b.node("Add", [acc, e.b.node("Reshape", [e.to_i64(ins[2]), e.c("bias_shape", _i64([1, -1, 1, 1]))])])
+    shape = _channel_shape(4, 1, np.asarray(q.multiplier).size)
+    e.finish(e.qdm(acc, np.ravel(q.multiplier), np.ravel(q.rshift), shape), op.outputs[0], _relu(op), q.relu_max)
+
+
+def _conv_transpose(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
+    """As the int8 kernel computes it: a stride-1 ConvInteger over the input with zeros inserted between its
+    rows and columns (Reshape, Pad, Reshape, Slice on the codes), with the flipped, channel-swapped filters."""
+    a = op.attrs
+    w = e.g.const(op.inputs[1])
+    pads = conv_transpose_pads(a, *w.shape[2:])
+    if min(pads) < 0:
+        raise UnsupportedError(f"op '{op.name}': transposed-conv pads beyond dilation·(k−1) have no exact ONNX form")
+    n, c, h, wd = e.g.shape(op.inputs[0])
+    sh, sw = a.strides
+    x = ins[0]
+    if (sh, sw) != (1, 1):
+        x = e.b.node("Reshape", [x, e.c("spread_6d", _i64([n, c, h, 1, wd, 1]))])
+        x = e.b.node("Pad", [x, e.c("spread_pads", _i64([0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1]))])
+        x = e.b.node("Reshape", [x, e.c("spread_4d", _i64([n, c, h * sh, wd * sw]))])
+        ends = e.c("spread_ends", _i64([(h - 1) * sh + 1, (wd - 1) * sw + 1]))
+        x = e.b.node("Slice", [x, e.c("spread_starts", _i64([0, 0])), ends, e.c("hw", _i64([2, 3]))])
+    filters = e.c(f"{op.inputs[1]}_as_conv", transposed_conv_filter(np.asarray(w, np.int8), a.group))
+    attrs = {"pads": list(pads), "dilations": list(a.dilations), "group": a.group}
+    acc = e.to_i64(e.b.node("ConvInteger", [x, filters], **attrs))
     if len(ins) > 2:
         acc = e.b.node("Add", [acc, e.b.node("Reshape", [e.to_i64(ins[2]), e.c("bias_shape", _i64([1, -1, 1, 1]))])])
     shape = _channel_shape(4, 1, np.asarray(q.multiplier).size)
@@ -288,6 +315,7 @@ def _moved(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
 INT8_EMITTERS: Mapping[str, Int8Emitter] = MappingProxyType(
     {
         "conv2d": _conv,
+        "conv_transpose2d": _conv_transpose,
         "gemm": _gemm,
         "matmul": _gemm,
         "eltwise": _eltwise,

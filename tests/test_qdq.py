@@ -683,3 +683,44 @@ def test_yolov8n_exact_form_is_bit_exact(real_model, tmp_path):
             np.testing.assert_array_equal(theirs, ours[name])
     count, mismatches = int8_tensor_mismatches(qgraph, exact, feeds[2:])
     assert count > 100 and mismatches == {}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "pads", "out_pad", "group"),
+    [
+        (2, 2, (0, 0, 0, 0), (0, 0), 1),
+        (4, 2, (1, 1, 1, 1), (0, 0), 1),
+        (3, 2, (1, 1, 1, 1), (1, 1), 4),
+        (3, 1, (1,) * 4, (0, 0), 1),
+    ],
+)
+def test_int8_conv_transpose_exact_form_is_bit_exact(tmp_path, kernel, stride, pads, out_pad, group):
+    """int8 ConvTranspose (PP-OCR det's upsampling head) as the kernel computes it: ConvInteger over the
+    zero-spread codes with the flipped, channel-swapped filters; equal to npuc's reference code for code."""
+    rng = np.random.default_rng(kernel * 10 + stride + group)
+    c_in, c_out = 8, 12
+    w = (rng.standard_normal((c_in, c_out // group, kernel, kernel)) * 0.3).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[stride] * 2, pads=list(pads),
+                            output_padding=list(out_pad), group=group)  # fmt: skip
+    relu = helper.make_node("Relu", ["t"], ["y"])
+    bias = (rng.standard_normal(c_out) * 0.1).astype(np.float32)
+    h = 6
+    out_h = stride * (h - 1) + out_pad[0] + kernel - pads[0] - pads[2]
+    graph = helper.make_graph(
+        [node, relu], "ct", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, h, h + 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c_out, out_h, None])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), tmp_path / "m.onnx")
+    graph = import_and_canon(tmp_path / "m.onnx")
+    feeds = [{"x": rng.standard_normal((1, c_in, h, h + 1)).astype(np.float32)} for _ in range(3)]
+    th = ThresholdMap()
+    for feed in feeds:
+        for name, v in run(graph, feed, keep_all=True).items():
+            th.thresholds[name] = max(th.thresholds.get(name, 1e-3), float(np.abs(v).max()))
+    qgraph = quantize(graph, th, "cv18xx_int8")
+    assert [op.attrs.quant.mode for op in qgraph.ops if op.kind == "conv_transpose2d"] == ["int8"]
+    model = write_qdq_exact(qgraph)
+    exact = session(model)
+    for feed in feeds:
+        np.testing.assert_array_equal(exact.run(None, feed)[0], run(qgraph, feed, kernels=QUANT_KERNELS)["y"])
