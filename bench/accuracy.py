@@ -32,7 +32,7 @@ scheme simulated in float with per-tensor, per-channel and grouped activation th
 
 The first row is what `npuc calibrate` gives with no option (--method auto with the per-tensor search, the
 closing report's samples set apart, --target-cos 0.99 on them): on the 76 pictures auto (kl, 5 tensors by
-other methods) + 8 bf16 layers (0.99 not reached on its 12 report samples), mean / worst cosine 0.947 / 0.765
+other methods) + 8 bf16 layers (0.99 not reached on its 15 report samples), mean / worst cosine 0.947 / 0.765
 against plain KL's 0.951 / 0.407, 146 s: a far better worst case, a slightly lower mean (the report samples
 leave the table; the search overfits its 8 scoring samples a little).
 Measured (76 pictures, 15 confident; top-1 agreement 1.0 in every row; mean / worst output cosine):
