@@ -53,9 +53,12 @@ class Agreement:
     _q2: float = field(default=0.0, repr=False)
     _err2: float = field(default=0.0, repr=False)
     _top1: list[bool] = field(default_factory=list, repr=False)
+    sample_cosines: list[float] = field(default_factory=list, repr=False)  # one per add()
 
     def add(self, ref: np.ndarray, quant: np.ndarray, top1: bool = False) -> None:
         r, q = ref.astype(np.float64).ravel(), quant.astype(np.float64).ravel()
+        pair = float(np.sqrt((r @ r) * (q @ q)))
+        self.sample_cosines.append(float(r @ q) / pair if pair else float(np.array_equal(r, q)))
         self._dot += float(r @ q)
         self._ref2 += float(r @ r)
         self._q2 += float(q @ q)
@@ -70,7 +73,7 @@ class Agreement:
         self.top1_agreement = float(np.mean(self._top1)) if self._top1 else None
 
     def public(self) -> dict[str, object]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k != "sample_cosines"}
 
 
 @dataclass
@@ -85,6 +88,11 @@ class CompareReport:
     def output_cosine(self) -> float:
         """The worst output's cosine: what --auto-mixed targets."""
         return min(a.cosine for a in self.outputs)
+
+    @property
+    def mean_sample_cosine(self) -> float:
+        """The worst output's mean per-sample cosine (a few large outputs do not outweigh the rest)."""
+        return min(float(np.mean(a.sample_cosines)) for a in self.outputs)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from npuc.compiler.stats import op_flops
 from npuc.frontends.onnx import InputShapes
 from npuc.passes.calibrate import CalibrationOptions, stats_to_table, tensor_table_names
 from npuc.passes.calitable import CalibrationTable
-from npuc.passes.compare import Comparison
+from npuc.passes.compare import CompareReport, Comparison
 from npuc.passes.histogram import CalibrationStats
 from npuc.passes.quantize import thresholds_for_graph
 
@@ -69,6 +69,12 @@ def search_trials(graph: Graph, samples: int, budget: float) -> int:
     return int(budget / per_trial) if per_trial > 0 else 0
 
 
+def _objective(report: CompareReport) -> float:
+    """What a per-tensor change must raise: the worst output's mean per-sample cosine plus its pooled cosine
+    (the first keeps every sample's output in view, the second the large ones)."""
+    return report.mean_sample_cosine + report.output_cosine
+
+
 def choose_per_tensor(
     comparison: Comparison,
     candidates: dict[str, dict[str, float]],
@@ -78,10 +84,10 @@ def choose_per_tensor(
 ) -> tuple[dict[str, str], float, int]:
     """Greedy per-tensor method choice from the `start` method's thresholds (`comparison.thresholds` holds
     them); `candidates`: method -> IR tensor -> threshold. Returns (tensor -> method where changed, worst
-    output cosine, trials used)."""
+    output cosine with them, trials used)."""
     current = dict(candidates[start])
     report = comparison.evaluate(float_layers)
-    best = report.output_cosine
+    best, cosine = _objective(report), report.output_cosine
     loss = comparison.local_loss(report)
     order = sorted((n for n in current if n in loss), key=lambda n: (-loss[n], n))
     chosen: dict[str, str] = {}
@@ -92,14 +98,15 @@ def choose_per_tensor(
             if method == chosen.get(name, start) or value is None or np.isclose(value, current[name], rtol=1e-6):
                 continue
             if used >= trials:
-                return chosen, best, used
+                return chosen, cosine, used
             used += 1
             comparison.thresholds.thresholds = {**current, name: value}
-            score = comparison.evaluate(float_layers).output_cosine
-            if score > best + 1e-6:
-                best, current[name], chosen[name] = score, value, method
+            trial = comparison.evaluate(float_layers)
+            if _objective(trial) > best + 1e-6:
+                best, cosine = _objective(trial), trial.output_cosine
+                current[name], chosen[name] = value, method
     comparison.thresholds.thresholds = dict(current)
-    return chosen, best, used
+    return chosen, cosine, used
 
 
 def evaluation_picks(count: int) -> list[int]:
