@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +258,7 @@ def calibrate(
     by a fixed cost model, so the same inputs give the same table on any machine; 0: one method for all)."""
     from npuc.compiler.defaults import DEFAULT_BUDGET, DEFAULT_TARGET_COS
     from npuc.passes import calibrate as calib
+    from npuc.passes import calibration_run as steps
     from npuc.passes.calitable import write_table
     from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
     from npuc.passes.histogram import DEFAULT_BINS, load_stats
@@ -313,13 +313,14 @@ def calibrate(
                             jobs=jobs, ray_address=ray)  # fmt: skip
     frozen = load_stats(ranges) if ranges is not None else None
     # the layers the float patterns keep in bf16: the method choice measures with them, the qtable lists them
-    patterns = _pattern_layers(model, shapes, float_patterns and (output is not None or (auto and not fitted)))
+    patterns = steps.pattern_layers_of(model, shapes, float_patterns and (output is not None or (auto and not fitted)))
     if auto and not fitted:
         search = DEFAULT_BUDGET if budget is None else budget
-        result, choice, closing, report_files = _calibrate_auto(run, model, data, samples, frozen, pre, shapes,
-                                                                patterns, options, search)  # fmt: skip
+        result, choice, closing, report_files = steps.calibrate_auto(
+            run, model, data, samples, frozen, pre, shapes, patterns, options, search
+        )
         done.details.append(choice.summary())
-        done.report = _report_lines(closing)
+        done.report = steps.report_lines(closing)
         if searched_on_report:
             target_cos = target_cos or DEFAULT_TARGET_COS
             held_out = report_files
@@ -347,12 +348,13 @@ def calibrate(
             done.details.append(
                 f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: {side_file(output)}"
             )
-        done.notes += _write_qtable(model, result.table, output, shapes, patterns, held_out, pre, target_cos,
-                                    max_float_layers or DEFAULT_MAX_FLOAT_LAYERS, explicit_target)  # fmt: skip
+        done.notes += steps.write_qtable_beside(model, result.table, output, shapes, patterns, held_out, pre,
+                                                target_cos, max_float_layers or DEFAULT_MAX_FLOAT_LAYERS,
+                                                explicit_target)  # fmt: skip
     if bmnet is not None and result.table is not None:
-        _write_bmnet(model, result.table, shapes, bmnet)
+        steps.write_bmnet_table(model, result.table, shapes, bmnet)
     if depfile is not None:
-        _calibration_depfile(Path(depfile), model, data, samples, ranges, [output, save_stats, bmnet])
+        steps.write_calibration_depfile(Path(depfile), model, data, samples, ranges, [output, save_stats, bmnet])
     rate = result.samples / max(result.seconds, 1e-9)
     done.details.append(
         f"calibrated {len(result.stats.tensors)} tensors on {result.samples} samples "
@@ -360,94 +362,6 @@ def calibrate(
         f"{rate:.1f} samples/s)"
     )
     return done
-
-
-def _calibration_depfile(path: Path, model: Path, data: Any, samples: int | None, ranges: Any,
-                         outputs: list[Path | None]) -> None:  # fmt: skip
-    from npuc.compiler.depfile import onnx_external_files, write_depfile
-    from npuc.passes.preprocess import list_samples
-    from npuc.passes.qtable import beside
-    from npuc.passes.refinement import side_file
-
-    written = [p for p in outputs if p is not None]
-    if outputs[0] is not None:  # the table's companions, when this run wrote them
-        written += [f for f in (beside(outputs[0]), side_file(outputs[0])) if f.is_file()]
-    lists = [Path(d) for d in data if Path(d).is_file() and Path(d).suffix == ".txt"]
-    read = [model, *onnx_external_files(model), *lists, *list_samples(data, samples), ranges]
-    write_depfile(path, written, read)
-
-
-def _report_lines(report: Any, worst: int = 3) -> list[str]:
-    """The closing accuracy report: per output on samples no threshold saw, then the worst layers."""
-    if report is None:
-        return ["held-out report: fewer than 10 samples, none set apart (give more samples to measure)"]
-    lines = []
-    for out in report.outputs:
-        top1 = f", top-1 agreement {out.top1_agreement:.3f}" if out.top1_agreement is not None else ""
-        lines.append(f"held-out ({report.samples} samples) output {out.name}: cosine {out.cosine:.5f}, "
-                     f"SQNR {out.sqnr_db:.1f} dB{top1}")  # fmt: skip
-    shown = ", ".join(f"{a.name} {a.cosine:.4f}" for a in report.layers[:worst])
-    return lines + [f"held-out worst layers: {shown}"]
-
-
-def _pattern_layers(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
-    """Pattern name -> the op names it keeps in float, on the canonical IR (none when `enabled` is false)."""
-    if not enabled:
-        return {}
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.float_patterns import pattern_layers
-
-    graph = import_onnx(model, shapes or None, [])
-    canonicalize(graph)
-    return pattern_layers(graph)
-
-
-def _calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
-                    patterns: dict[str, list[str]], options: Any,
-                    budget: float) -> tuple[Any, Any, Any, list[Path]]:  # fmt: skip
-    """`--method auto` (passes/method_choice.py). With 10 or more samples every fifth from the third on is set
-    apart for the closing report and stays out of the table. Of the rest, every fifth chooses the method among
-    tables fitted on the others; then the per-tensor search runs on the chosen method's table over all of them
-    (scored on up to 8 of them, spread). The table is made from all but the report samples."""
-    from dataclasses import replace
-
-    from npuc.passes.calibrate import plan_calibration, stats_to_table
-    from npuc.passes.compare import Comparison
-    from npuc.passes.method_choice import AUTO_METHODS, choose_method, choose_tensor_methods, evaluation_picks
-    from npuc.passes.preprocess import list_samples, load_sample
-
-    files = list_samples(data, limit)
-    report = files[2::5] if len(files) >= 10 else []
-    used = [f for f in files if f not in report]
-    choose = used[4::5] if len(used) >= 5 else used  # too few to set any apart: measured on what they fit
-    fit = [f for f in used if f not in choose] or used
-    start = time.perf_counter()
-    ranges = frozen if frozen is not None else run(used, range_only=True).stats
-    fitted = run(fit, ranges=ranges, keep_histograms=True)
-    stats = fitted.stats
-    if fit != choose:
-        stats = stats.merge(run(choose, ranges=ranges, keep_histograms=True).stats)
-    inputs = plan_calibration(model, shapes or None).inputs
-    layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
-    feeds = [load_sample(choose[i], inputs, pre) for i in evaluation_picks(len(choose))]
-    choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
-    tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
-    spread = [load_sample(used[i], inputs, pre) for i in evaluation_picks(len(used))]
-    table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)
-    others = f", {len(choice.per_tensor)} tensors by other methods" if choice.per_tensor else ""
-    table.method = f"auto ({choice.method}{others})"
-    choice.table = table
-    closing = None
-    if report:
-        import warnings
-
-        held = [load_sample(report[i], inputs, pre) for i in evaluation_picks(len(report))]
-        with warnings.catch_warnings():  # rows without a tensor are the build's to report
-            warnings.simplefilter("ignore")
-            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None).evaluate(layers)
-    result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
-    return result, choice, closing, report
 
 
 def merge_calibration(
@@ -483,57 +397,6 @@ def _check_folders(*outputs: tuple[Path | None, str]) -> None:
     for path, flag in outputs:
         if path is not None and not path.resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path")
-
-
-def _write_qtable(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
-                  held_out: list[Path], pre: Any, target: float | None, max_layers: int,
-                  explicit: bool = True) -> list[str]:  # fmt: skip
-    """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
-    none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
-    the lines to say: the qtable decides what `npuc build --calib` does."""
-    from npuc.passes.qtable import beside, write_qtable
-
-    base = list(dict.fromkeys(n for layers in found.values() for n in layers))
-    lines = [f"the {name} pattern keeps {len(layers)} layer(s) in float" for name, layers in found.items()]
-    comments = [f"npuc calibrate: {line}" for line in lines]
-    chosen: list[str] = []
-    if held_out:
-        from npuc.passes.calibrate import plan_calibration
-        from npuc.passes.compare import held_out_search
-        from npuc.passes.preprocess import load_sample
-
-        inputs = plan_calibration(model, shapes or None).inputs
-        feeds = [load_sample(p, inputs, pre) for p in held_out]
-        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base)
-        chosen = mixed.float_layers
-        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
-        shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
-        comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
-        comments.append(f"int8 output cosine on them {mixed.int8_cosine:.6f}")
-        lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
-                     f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
-    path = beside(output)
-    if base or chosen or (held_out and explicit):
-        write_qtable(path, [*base, *chosen], "BF16", comments)
-        lines.append(f"wrote {path}")
-    elif path.exists():
-        path.unlink()
-        lines.append(f"removed {path}, made for an earlier table")
-    return lines
-
-
-def _write_bmnet(model: Path, table: Any, shapes: dict, path: Path) -> None:
-    """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
-    import onnx
-    from npuc.backends.bm1880.export_table import export_bmnet_table
-    from npuc.frontends.onnx import import_onnx
-    from npuc.passes.calibrate import tensor_table_names
-    from npuc.passes.canonicalize import canonicalize
-
-    graph = import_onnx(model, shapes or None, [])
-    canonicalize(graph)
-    names = tensor_table_names(onnx.load(str(model), load_external_data=False))
-    export_bmnet_table(graph, table.thresholds(), path, names)
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------

@@ -1,0 +1,148 @@
+"""What `npuc calibrate` does around the statistics pass (api.calibrate calls these): the `--method auto` flow
+(its sample split, the method and per-tensor choices, the closing report), the files written beside the table
+(the qtable of float patterns and --target-cos, BMNet's table) and the depfile."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+
+def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
+    """Pattern name -> the op names it keeps in float, on the canonical IR (none when `enabled` is false)."""
+    if not enabled:
+        return {}
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.float_patterns import pattern_layers
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    return pattern_layers(graph)
+
+
+def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
+                    patterns: dict[str, list[str]], options: Any,
+                    budget: float) -> tuple[Any, Any, Any, list[Path]]:  # fmt: skip
+    """`--method auto` (passes/method_choice.py). With 10 or more samples every fifth from the third on is set
+    apart for the closing report and stays out of the table. Of the rest, every fifth chooses the method among
+    tables fitted on the others; then the per-tensor search runs on the chosen method's table over all of them
+    (scored on up to 8 of them, spread). The table is made from all but the report samples."""
+    from dataclasses import replace
+
+    from npuc.passes.calibrate import plan_calibration, stats_to_table
+    from npuc.passes.compare import Comparison
+    from npuc.passes.method_choice import AUTO_METHODS, choose_method, choose_tensor_methods, evaluation_picks
+    from npuc.passes.preprocess import list_samples, load_sample
+
+    files = list_samples(data, limit)
+    report = files[2::5] if len(files) >= 10 else []
+    used = [f for f in files if f not in report]
+    choose = used[4::5] if len(used) >= 5 else used  # too few to set any apart: measured on what they fit
+    fit = [f for f in used if f not in choose] or used
+    start = time.perf_counter()
+    ranges = frozen if frozen is not None else run(used, range_only=True).stats
+    fitted = run(fit, ranges=ranges, keep_histograms=True)
+    stats = fitted.stats
+    if fit != choose:
+        stats = stats.merge(run(choose, ranges=ranges, keep_histograms=True).stats)
+    inputs = plan_calibration(model, shapes or None).inputs
+    layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
+    feeds = [load_sample(choose[i], inputs, pre) for i in evaluation_picks(len(choose))]
+    choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
+    tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
+    spread = [load_sample(used[i], inputs, pre) for i in evaluation_picks(len(used))]
+    table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)
+    others = f", {len(choice.per_tensor)} tensors by other methods" if choice.per_tensor else ""
+    table.method = f"auto ({choice.method}{others})"
+    choice.table = table
+    closing = None
+    if report:
+        import warnings
+
+        held = [load_sample(report[i], inputs, pre) for i in evaluation_picks(len(report))]
+        with warnings.catch_warnings():  # rows without a tensor are the build's to report
+            warnings.simplefilter("ignore")
+            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None).evaluate(layers)
+    result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
+    return result, choice, closing, report
+
+
+def report_lines(report: Any, worst: int = 3) -> list[str]:
+    """The closing accuracy report: per output on samples no threshold saw, then the worst layers."""
+    if report is None:
+        return ["held-out report: fewer than 10 samples, none set apart (give more samples to measure)"]
+    lines = []
+    for out in report.outputs:
+        top1 = f", top-1 agreement {out.top1_agreement:.3f}" if out.top1_agreement is not None else ""
+        lines.append(f"held-out ({report.samples} samples) output {out.name}: cosine {out.cosine:.5f}, "
+                     f"SQNR {out.sqnr_db:.1f} dB{top1}")  # fmt: skip
+    shown = ", ".join(f"{a.name} {a.cosine:.4f}" for a in report.layers[:worst])
+    return lines + [f"held-out worst layers: {shown}"]
+
+
+def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
+                  held_out: list[Path], pre: Any, target: float | None, max_layers: int,
+                  explicit: bool = True) -> list[str]:  # fmt: skip
+    """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
+    none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
+    the lines to say: the qtable decides what `npuc build --calib` does."""
+    from npuc.passes.qtable import beside, write_qtable
+
+    base = list(dict.fromkeys(n for layers in found.values() for n in layers))
+    lines = [f"the {name} pattern keeps {len(layers)} layer(s) in float" for name, layers in found.items()]
+    comments = [f"npuc calibrate: {line}" for line in lines]
+    chosen: list[str] = []
+    if held_out:
+        from npuc.passes.calibrate import plan_calibration
+        from npuc.passes.compare import held_out_search
+        from npuc.passes.preprocess import load_sample
+
+        inputs = plan_calibration(model, shapes or None).inputs
+        feeds = [load_sample(p, inputs, pre) for p in held_out]
+        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base)
+        chosen = mixed.float_layers
+        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
+        shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
+        comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
+        comments.append(f"int8 output cosine on them {mixed.int8_cosine:.6f}")
+        lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
+                     f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
+    path = beside(output)
+    if base or chosen or (held_out and explicit):
+        write_qtable(path, [*base, *chosen], "BF16", comments)
+        lines.append(f"wrote {path}")
+    elif path.exists():
+        path.unlink()
+        lines.append(f"removed {path}, made for an earlier table")
+    return lines
+
+
+def write_bmnet_table(model: Path, table: Any, shapes: dict, path: Path) -> None:
+    """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
+    import onnx
+    from npuc.backends.bm1880.export_table import export_bmnet_table
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibrate import tensor_table_names
+    from npuc.passes.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    names = tensor_table_names(onnx.load(str(model), load_external_data=False))
+    export_bmnet_table(graph, table.thresholds(), path, names)
+
+
+def write_calibration_depfile(path: Path, model: Path, data: Any, samples: int | None, ranges: Any,
+                         outputs: list[Path | None]) -> None:  # fmt: skip
+    from npuc.compiler.depfile import onnx_external_files, write_depfile
+    from npuc.passes.preprocess import list_samples
+    from npuc.passes.qtable import beside
+    from npuc.passes.refinement import side_file
+
+    written = [p for p in outputs if p is not None]
+    if outputs[0] is not None:  # the table's companions, when this run wrote them
+        written += [f for f in (beside(outputs[0]), side_file(outputs[0])) if f.is_file()]
+    lists = [Path(d) for d in data if Path(d).is_file() and Path(d).suffix == ".txt"]
+    read = [model, *onnx_external_files(model), *lists, *list_samples(data, samples), ranges]
+    write_depfile(path, written, read)
