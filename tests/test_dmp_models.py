@@ -30,6 +30,7 @@ CASES = [
     ("mtcnn_pnet", ["conv2d_4", "convolution_output1"], 0.999, 0.99),
     ("mtcnn_rnet", ["dense_2", "biased_tensor_name1"], 0.999, 0.99),
     ("pplcnet_orientation", ["Add.9"], 0.999, 0.99),
+    ("ppocrv6_det_tiny", ["fetch_name_0"], 0.999, 0.99),  # its 4x and 8x nearest upsampling: repeated 2x2 runs
 ]
 
 

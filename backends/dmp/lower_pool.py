@@ -92,15 +92,29 @@ def lower_global_pool(ctx: Lowering, op: Op) -> None:
 
 @lowers("resize")
 def lower_resize(ctx: Lowering, op: Op) -> None:
+    """Nearest upsampling by 2^k: k layers of the 2x2 upsample run (nearest of nearest is nearest: output row i
+    reads input row i // 2^k either way)."""
     a = op.attrs
-    if a.mode != "nearest" or tuple(a.scales[-2:]) != (2.0, 2.0) or tuple(a.scales[:2]) not in ((1.0, 1.0), ()):
-        raise UserError(f"resize '{op.name}': DV700 upsamples only by nearest 2x2; got {a.mode} scales {a.scales}")
+    factor = a.scales[-1] if len(a.scales) >= 2 else 0
+    steps = int(np.log2(factor)) if factor >= 2 and float(factor).is_integer() else 0
+    if (
+        a.mode != "nearest"
+        or steps < 1
+        or 2**steps != factor
+        or a.scales[-2] != factor
+        or tuple(a.scales[:2]) not in ((1.0, 1.0), ())
+    ):
+        raise UserError(
+            f"resize '{op.name}': DV700 upsamples only by nearest 2x2 (repeated: 4x4, 8x8, ...); "
+            f"got {a.mode} scales {a.scales}"
+        )
     src = _whc8_input(ctx, op)
-    run = Run(m=src.dims[2], pool_enable=POOL_UPSAMPLE, pool_size=pack2(2, 2), pool_stride=pack2(2, 2))
-    run.ops.append(op.name)
-    ctx.values[op.outputs[0]] = ctx.conv_layer(
-        op.name, src, [run], (2 * src.dims[0], 2 * src.dims[1], src.dims[2]), [op.name]
-    )
+    for k in range(steps):
+        run = Run(m=src.dims[2], pool_enable=POOL_UPSAMPLE, pool_size=pack2(2, 2), pool_stride=pack2(2, 2))
+        run.ops.append(op.name)
+        name = op.name if k == steps - 1 else f"{op.name}_x{2 ** (k + 1)}"
+        src = ctx.conv_layer(name, src, [run], (2 * src.dims[0], 2 * src.dims[1], src.dims[2]), [op.name])
+    ctx.values[op.outputs[0]] = src
 
 
 @lowers("eltwise")
