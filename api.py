@@ -297,13 +297,13 @@ def calibrate(
     # --method auto sets its own report part apart, and --target-cos (on by default) searches on it
     searched_on_report = auto and not fitted and output is not None and target_cos != 0
     explicit_target = bool(target_cos)
-    if searched_on_report and explicit_target and len(list_samples(data, samples)) < 10:
+    if searched_on_report and explicit_target and len(usable) < 10:
         searched_on_report = False  # too few for a report part: the target gets the last fifth, as with a method
     if target_cos and not searched_on_report:
         if output is None or refine or split_channels > 1 or range_only:
             raise UserError("--target-cos searches over a plain table: give -o TABLE, without --refine, "
                             "--split-channels or --range-only")  # fmt: skip
-        files = list_samples(data, samples)
+        files = usable
         if len(files) < 2:
             raise UserError(f"--target-cos needs at least 2 samples (one to calibrate, one to measure); "
                             f"found {len(files)}")  # fmt: skip

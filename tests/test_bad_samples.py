@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from npuc.models.make_models import make_model
+from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:
@@ -18,13 +19,9 @@ def _npuc(*args: str) -> subprocess.CompletedProcess:
 def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     model = tmp_path / "m.onnx"
     model.write_bytes(make_model("tinycnn").SerializeToString())
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(3):
-        np.save(data / f"s{i}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    data = random_samples(tmp_path / "data", (1, 3, 32, 32), 3)
     bad = data / "broken.jpg"
-    bad.write_bytes(b"\xff\xd8\xff\xe0" + rng.bytes(200))  # a JPEG header, then noise
+    bad.write_bytes(b"\xff\xd8\xff\xe0" + np.random.default_rng(0).bytes(200))  # a JPEG header, then noise
     return model, data, bad
 
 

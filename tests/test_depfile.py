@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 from npuc.compiler.depfile import make_escape, onnx_external_files
 from npuc.models.make_models import make_model
+from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:
@@ -38,11 +38,7 @@ def test_calibrate_and_build_depfiles_name_every_input(tmp_path: Path) -> None:
     onnx.save(proto, str(model), save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
               size_threshold=0)  # fmt: skip
     assert onnx_external_files(model) == [folder / "m.data"]
-    samples = folder / "samples"
-    samples.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(4):
-        np.save(samples / f"s{i}.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
+    samples = random_samples(folder / "samples", (1, 3, 32, 32), 4)
     table = folder / "t.txt"
     run = _npuc("calibrate", str(model), "--data", str(samples), "-o", str(table), "--depfile", str(folder / "c.d"))
     assert run.returncode == 0, run.stderr

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from npuc.compiler.errors import UserError
+from npuc.compiler.targets import int_option
 
 from .layers import (
     ACT_NONE,
@@ -59,17 +60,10 @@ HARDWARE_OPTIONS = {"ub_size": (1024, 1 << 24), "svn_version": (0, 1 << 16)}
 
 def hardware_from_options(options: dict[str, Any]) -> Hardware:
     """The Hardware described by target options `ub_size` (bytes) and `svn_version` (DV700 defaults)."""
-    values = {}
-    for key, (lo, hi) in HARDWARE_OPTIONS.items():
-        if key not in options:
-            continue
-        value = options[key]
-        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-            raise UserError(
-                f"option {key}={value!r}: give an integer in {lo}..{hi}, e.g. {key}={asdict(Hardware())[key]}"
-            )
-        values[key] = value
-    return Hardware(**values)
+    defaults = asdict(Hardware())
+    return Hardware(
+        **{key: int_option(options, key, defaults[key], lo, hi) for key, (lo, hi) in HARDWARE_OPTIONS.items()}
+    )
 
 
 @dataclass(frozen=True)
