@@ -245,6 +245,7 @@ def calibrate(
     max_float_layers: int | None = None,
     float_patterns: bool = True,
     budget: float | None = None,
+    fit: bool = True,
     depfile: str | Path | None = None,
     on_bad_sample: str = "fail",
     progress: Any = None,
@@ -254,8 +255,9 @@ def calibrate(
     float patterns, `target_cos`), BMNet's table (`bmnet`), mergeable statistics (`save_stats`).
     `depfile`: a Makefile rule from the files written to every file read (model, its external data, each
     sample, lists, `ranges`). `on_bad_sample`: "fail" (default) or "skip" a sample that cannot be read,
-    decided before the first pass. `budget`: seconds of `--method auto`'s per-tensor search (default 30; estimated
-    by a fixed cost model, so the same inputs give the same table on any machine; 0: one method for all)."""
+    decided before the first pass. `budget`: seconds of each of `--method auto`'s searches (default 30; estimated
+    by a fixed cost model, so the same inputs give the same table on any machine; 0: one method for all, no fit).
+    `fit`: `--method auto` also tries the channel split, tune step and weight refit (passes/fit_choice.py)."""
     from npuc.compiler.defaults import DEFAULT_BUDGET, DEFAULT_TARGET_COS
     from npuc.passes import calibrate as calib
     from npuc.passes import calibration_run as steps
@@ -286,12 +288,16 @@ def calibrate(
     pre = preprocess or Preprocess()
     shapes = _as_shape_dict(input_shapes)
     done = Calibrated(None)
-    listed = list_samples(data, samples)
+    # what this run writes is never one of its samples (a table written into the sample folder, then rerun)
+    written = {p.resolve() for p in (output, save_stats, bmnet) if p is not None}
+    written |= {side_file(p).resolve() for p in (output,) if p is not None}
+    listed = [f for f in list_samples(data, samples) if f.resolve() not in written]
     usable, skipped = screen_samples(listed, calib.plan_calibration(model, shapes or None).inputs, pre, on_bad_sample)
     done.notes += skipped
-    if len(usable) != len(listed):
+    if len(usable) != len(list_samples(data, samples)):
         data, samples = usable, None
     held_out: list[Path] = []
+    refinement = None  # the side file's split and refit, when --method auto keeps its fitted candidate
     if target_cos is not None and not 0 <= target_cos <= 1:
         raise UserError(f"--target-cos {target_cos}: give an output cosine in (0, 1], e.g. 0.99 (0 turns it off)")
     # --method auto sets its own report part apart, and --target-cos (on by default) searches on it
@@ -316,14 +322,21 @@ def calibrate(
     patterns = steps.pattern_layers_of(model, shapes, float_patterns and (output is not None or (auto and not fitted)))
     if auto and not fitted:
         search = DEFAULT_BUDGET if budget is None else budget
-        result, choice, closing, report_files = steps.calibrate_auto(
-            run, model, data, samples, frozen, pre, shapes, patterns, options, search
+        may_fit = (
+            ""
+            if fit and output is not None and bmnet is None
+            else "--no-fit"
+            if not fit
+            else "it needs -o TABLE for its side file, and --bmnet the unsplit model"
         )
-        done.details.append(choice.summary())
-        done.report = steps.report_lines(closing)
+        auto_run = steps.calibrate_auto(run, model, data, samples, frozen, pre, shapes, patterns, options, search,
+                                        may_fit)  # fmt: skip
+        result, patterns, refinement = auto_run.result, auto_run.patterns, auto_run.refinement()
+        done.details += [auto_run.choice.summary(), auto_run.fit.summary()]
+        done.report = steps.report_lines(auto_run.closing)
         if searched_on_report:
             target_cos = target_cos or DEFAULT_TARGET_COS
-            held_out = report_files
+            held_out = auto_run.report_files
             if not held_out:
                 done.notes.append(f"--target-cos {target_cos} not searched: it needs 10 or more samples to set a "
                                   "held-out part apart")  # fmt: skip
@@ -348,9 +361,12 @@ def calibrate(
             done.details.append(
                 f"split {len(result.groupings)} channel runs, refined {len(constants)} constants: {side_file(output)}"
             )
+        elif side_file(output).exists():  # a build would apply it to this table
+            side_file(output).unlink()
+            done.notes.append(f"removed {side_file(output)}, made for an earlier table")
         done.notes += steps.write_qtable_beside(model, result.table, output, shapes, patterns, held_out, pre,
                                                 target_cos, max_float_layers or DEFAULT_MAX_FLOAT_LAYERS,
-                                                explicit_target)  # fmt: skip
+                                                explicit_target, refinement)  # fmt: skip
     if bmnet is not None and result.table is not None:
         steps.write_bmnet_table(model, result.table, shapes, bmnet)
     if depfile is not None:

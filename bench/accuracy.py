@@ -30,11 +30,12 @@ With --mixed COS, `npuc compare`'s auto-mixed search (run on every fourth pictur
 bf16 layers for that pooled output cosine, and the result is measured on all pictures. --diagnose adds the
 scheme simulated in float with per-tensor, per-channel and grouped activation thresholds (see `diagnose`).
 
-The first row is what `npuc calibrate` gives with no option (--method auto with the per-tensor search, the
-closing report's samples set apart, --target-cos 0.99 on them): on the 76 pictures auto (kl, 5 tensors by
-other methods) + 8 bf16 layers (0.99 not reached on its 15 report samples), mean / worst cosine 0.947 / 0.765
-against plain KL's 0.951 / 0.407, 146 s: a far better worst case, a slightly lower mean (the report samples
-leave the table; the search overfits its 8 scoring samples a little).
+The first row is what `npuc calibrate` gives with no option (--method auto: the per-tensor search, then the
+split / tune / refit candidate judged on samples it never saw; the closing report's samples set apart;
+--target-cos 0.99 on them), as `npuc build` reads it (table, side file, qtable): on the 76 pictures auto (kl, 5
+tensors by other methods, split 13 runs, tune 5, refit 25), the fit kept (objective 1.989 vs 1.908 on its 8
+judging samples), 0.99 reached on the 15 report samples without bf16 layers: mean / worst cosine 0.991 / 0.888,
+top-1 1.0, 130 s (before the fit was a candidate: 0.947 / 0.765, 146 s; plain KL 0.951 / 0.407).
 Measured (76 pictures, 15 confident; top-1 agreement 1.0 in every row; mean / worst output cosine):
 KL 0.951 / 0.41, KL + tune 0.962 / 0.50, onnxruntime 0.961 / 0.67; threshold search 0.960 / 0.41, bias
 correction 0.949 / 0.48, weight reconstruction 0.981 / 0.86 (the best), search + reconstruction 0.976 / 0.81.
@@ -228,17 +229,20 @@ def npuc_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path
 
 def default_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path):  # noqa: ANN201
     """What `npuc calibrate MODEL --data DIR -o T` gives with no option (--method auto with its per-tensor
-    search, --target-cos 0.99 on the report samples): (table, the qtable's bf16 layers)."""
+    search and its fitted candidate, --target-cos 0.99 on the report samples): (table, the qtable's bf16
+    layers, the side file's Refinement or None) — what `npuc build --calib T` reads."""
     import npuc
     from npuc.passes.calitable import read_table
     from npuc.passes.qtable import beside, read_qtable
+    from npuc.passes.refinement import load_refinement, side_file
 
     folder.mkdir(parents=True, exist_ok=True)
     for i, feed in enumerate(calib):
         np.savez(folder / f"{i:04d}.npz", **feed)
-    npuc.calibrate(model, [folder], folder / "table.txt")
-    qtable = beside(folder / "table.txt")
-    return read_table(folder / "table.txt"), list(read_qtable(qtable)) if qtable.is_file() else []
+    table = folder / "table.txt"
+    npuc.calibrate(model, [folder], table)
+    layers = list(read_qtable(beside(table))) if beside(table).is_file() else []
+    return read_table(table), layers, load_refinement(side_file(table)) if side_file(table).is_file() else None
 
 
 CLI_SPLIT = 3  # the product path's --split-channels
@@ -270,15 +274,16 @@ def calibrate_cli_path(model: Path, calib: Sequence[dict[str, np.ndarray]], fold
 
 
 def npuc_int8_outputs(
-    model: Path, table, feeds: Sequence[dict[str, np.ndarray]], float_layers: Sequence[str] = ()
-) -> np.ndarray:
-    """The cv18xx int8 reference interpreter's outputs (with `float_layers` kept in bf16)."""
+    model: Path, table, feeds: Sequence[dict[str, np.ndarray]], float_layers: Sequence[str] = (), refinement=None
+) -> np.ndarray:  # noqa: ANN001
+    """The cv18xx int8 reference interpreter's outputs (with `float_layers` kept in bf16, on the graph a side
+    file's `refinement` makes)."""
     from npuc.compiler.interp import run
     from npuc.compiler.kernels.quantized import QUANT_KERNELS
     from npuc.passes.compare import Comparison
     from npuc.passes.quantize import quantize
 
-    comparison = Comparison(model, table, feeds[:1], "cv18xx_int8")
+    comparison = Comparison(model, table, feeds[:1], "cv18xx_int8", refinement=refinement)
     qgraph = quantize(comparison.graph, comparison.thresholds, "cv18xx_int8", comparison.float_names(float_layers))
     out = comparison.graph.outputs[0]
     return np.concatenate([run(qgraph, feed, kernels=QUANT_KERNELS)[out] for feed in feeds])
@@ -533,8 +538,8 @@ def measure(
     ref = fp32_outputs(model, feeds)
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="npuc-bench-acc-") as tmp:
-        (table, layers), t_cal = _timed(lambda: default_table(model, calib, Path(tmp) / "default"))
-        got, t_run = _timed(lambda: npuc_int8_outputs(model, table, feeds, layers))
+        (table, layers, refinement), t_cal = _timed(lambda: default_table(model, calib, Path(tmp) / "default"))
+        got, t_run = _timed(lambda: npuc_int8_outputs(model, table, feeds, layers, refinement))
         rows.append(score(f"npuc calibrate defaults ({table.method}, {len(layers)} bf16)", ref, got, t_cal + t_run))
         tables = {}
         for tune in (0, TUNE_SAMPLES):

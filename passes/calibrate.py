@@ -94,6 +94,14 @@ class CalibrationOptions:
         if self.split_channels not in (0, 1) and not 2 <= self.split_channels <= MAX_CHANNEL_GROUPS:
             raise UserError(f"--split-channels {self.split_channels} must be 0 (off) or 2..{MAX_CHANNEL_GROUPS}")
 
+    def fits_samples(self) -> bool:
+        """Whether a step after the table fits the samples themselves (fit_to_samples)."""
+        return self.tune > 0 or bool(self.refine) or self.split_channels > 1
+
+    def fit_samples(self) -> int:
+        """How many of the first samples fit_to_samples reads."""
+        return max(self.refine_samples if self.refine or self.split_channels > 1 else 0, self.tune)
+
     def method_label(self) -> str:
         """The method as written in the table header."""
         return f"percentile{self.percentile:g}" if self.method == "percentile" else self.method
@@ -434,21 +442,30 @@ def calibrate(
         stats = _collect_here(plan, files, pre, options, ranges, histograms, progress)
     table = None if range_only else stats_to_table(stats, options)
     refinement, groupings = None, {}
-    if table is not None and (options.tune > 0 or options.refine or options.split_channels > 1):
-        graph = import_model(plan.model)  # on the canonicalized IR, as the build will quantize it
-        canonicalize(graph)
-        names = dict(plan.observed)
-        count = max(options.refine_samples if options.refine or options.split_channels > 1 else 0, options.tune)
-        feeds = [load_sample(p, plan.inputs, pre) for p in files[:count]]
-        if options.split_channels > 1:
-            graph, table, names, groupings = split_for_table(graph, table, names, feeds, options.split_channels)
-        if options.tune > 0:
-            table = tune_table(graph, table, names, feeds[: options.tune])
-        if options.refine:
-            feeds = feeds[: options.refine_samples]
-            refinement = refine_for_table(graph, table, feeds, options.refine, table_names=names)
+    if table is not None and options.fits_samples():
+        feeds = [load_sample(p, plan.inputs, pre) for p in files[: options.fit_samples()]]
+        table, refinement, groupings = fit_to_samples(plan, table, feeds, options)
     seconds = time.perf_counter() - start
     return CalibrationResult(stats, table, len(files), seconds, plan.skipped, refinement, groupings)
+
+
+def fit_to_samples(
+    plan: CalibrationPlan, table: CalibrationTable, feeds: Sequence[Mapping[str, np.ndarray]],
+    options: CalibrationOptions,
+) -> tuple[CalibrationTable, RefineResult | None, dict[str, list[np.ndarray]]]:  # fmt: skip
+    """The steps that fit the samples themselves, on the canonicalized IR as the build will quantize it: the
+    channel split, tpu-mlir's tune step, the constants' refit. (table, refinement, groupings)."""
+    graph = import_model(plan.model)
+    canonicalize(graph)
+    names = dict(plan.observed)
+    refinement, groupings = None, {}
+    if options.split_channels > 1:
+        graph, table, names, groupings = split_for_table(graph, table, names, feeds, options.split_channels)
+    if options.tune > 0:
+        table = tune_table(graph, table, names, feeds[: options.tune])
+    if options.refine:
+        refinement = refine_for_table(graph, table, feeds[: options.refine_samples], options.refine, table_names=names)
+    return table, refinement, groupings
 
 
 def _collect_here(

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,37 @@ def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, lis
     return pattern_layers(graph)
 
 
+@dataclass
+class AutoCalibration:
+    """What `--method auto` made: the run's result (table, and the refit and split when the fitted candidate
+    won), the choices, the closing report, the report samples, the pattern layers still in the graph."""
+
+    result: Any
+    choice: Any
+    fit: Any
+    closing: Any
+    report_files: list[Path]
+    patterns: dict[str, list[str]]
+
+    def refinement(self) -> Any:
+        """The side file's content when the fitted candidate was kept, else None."""
+        return self.fit.refinement() if self.fit is not None else None
+
+
 def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
-                    patterns: dict[str, list[str]], options: Any,
-                    budget: float) -> tuple[Any, Any, Any, list[Path]]:  # fmt: skip
-    """`--method auto` (passes/method_choice.py). With 10 or more samples every fifth from the third on is set
-    apart for the closing report and stays out of the table. Of the rest, every fifth chooses the method among
-    tables fitted on the others; then the per-tensor search runs on the chosen method's table over all of them
-    (scored on up to 8 of them, spread). The table is made from all but the report samples."""
+                    patterns: dict[str, list[str]], options: Any, budget: float,
+                    may_fit: str = "") -> AutoCalibration:  # fmt: skip
+    """`--method auto` (passes/method_choice.py, passes/fit_choice.py). With 10 or more samples every fifth
+    from the third on is set apart for the closing report and stays out of the table. Of the rest, every fifth
+    chooses the method among tables fitted on the others; then the per-tensor search runs on the chosen method's
+    table over all of them (scored on up to 8 of them, spread). The table is made from all but the report
+    samples. Then the fitted candidate (split, tune, refit) is fitted on the samples that did not choose the
+    method and judged on those that did; `may_fit` non-empty: why it may not be tried (the summary says so)."""
     from dataclasses import replace
 
     from npuc.passes.calibrate import plan_calibration, stats_to_table
     from npuc.passes.compare import Comparison
+    from npuc.passes.fit_choice import FIT_MIN_JUDGES, FIT_OPTIONS, FitChoice, choose_fitted
     from npuc.passes.method_choice import AUTO_METHODS, choose_method, choose_tensor_methods, evaluation_picks
     from npuc.passes.preprocess import list_samples, load_sample
 
@@ -47,26 +68,43 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     stats = fitted.stats
     if fit != choose:
         stats = stats.merge(run(choose, ranges=ranges, keep_histograms=True).stats)
-    inputs = plan_calibration(model, shapes or None).inputs
+    plan = plan_calibration(model, shapes or None)
     layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
-    feeds = [load_sample(choose[i], inputs, pre) for i in evaluation_picks(len(choose))]
+    feeds = [load_sample(choose[i], plan.inputs, pre) for i in evaluation_picks(len(choose))]
     choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
     tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
-    spread = [load_sample(used[i], inputs, pre) for i in evaluation_picks(len(used))]
+    spread = [load_sample(used[i], plan.inputs, pre) for i in evaluation_picks(len(used))]
     table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)
     others = f", {len(choice.per_tensor)} tensors by other methods" if choice.per_tensor else ""
     table.method = f"auto ({choice.method}{others})"
     choice.table = table
+    if not may_fit and (fit == choose or len(choose) < FIT_MIN_JUDGES):
+        may_fit = f"it is judged on samples it does not fit: give {5 * FIT_MIN_JUDGES + 3} or more samples"
+    if may_fit:
+        fitting = FitChoice(False, 0.0, None, 0, 0, may_fit)
+    else:
+        fit_feeds = [load_sample(f, plan.inputs, pre) for f in fit[: FIT_OPTIONS.refine_samples]]
+        fitting = choose_fitted(model, plan, table, fit_feeds, feeds, shapes or None, layers, budget)
+    refinement = None
+    if fitting.kept:
+        table = fitting.table
+        split = f", split {len(fitting.groupings)} runs" if fitting.groupings else ""
+        table.method = f"auto ({choice.method}{others}{split}, tune {FIT_OPTIONS.tune}, refit {fitting.fitted_samples})"
+        patterns = {name: [n for n in found if n in fitting.known] for name, found in patterns.items()}
+        layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
+        fitted = replace(fitted, refinement=fitting.refit, groupings=fitting.groupings)
+        refinement = fitting.refinement()
     closing = None
     if report:
         import warnings
 
-        held = [load_sample(report[i], inputs, pre) for i in evaluation_picks(len(report))]
+        held = [load_sample(report[i], plan.inputs, pre) for i in evaluation_picks(len(report))]
         with warnings.catch_warnings():  # rows without a tensor are the build's to report
             warnings.simplefilter("ignore")
-            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None).evaluate(layers)
+            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None,
+                                 refinement=refinement).evaluate(layers)  # fmt: skip
     result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
-    return result, choice, closing, report
+    return AutoCalibration(result, choice, fitting, closing, report, patterns)
 
 
 def report_lines(report: Any, worst: int = 3) -> list[str]:
@@ -84,7 +122,7 @@ def report_lines(report: Any, worst: int = 3) -> list[str]:
 
 def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
                   held_out: list[Path], pre: Any, target: float | None, max_layers: int,
-                  explicit: bool = True) -> list[str]:  # fmt: skip
+                  explicit: bool = True, refinement: Any = None) -> list[str]:  # fmt: skip
     """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
     none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
     the lines to say: the qtable decides what `npuc build --calib` does."""
@@ -101,7 +139,7 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
 
         inputs = plan_calibration(model, shapes or None).inputs
         feeds = [load_sample(p, inputs, pre) for p in held_out]
-        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base)
+        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base, refinement)
         chosen = mixed.float_layers
         verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
         shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")

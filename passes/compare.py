@@ -33,6 +33,7 @@ from npuc.passes.calitable import CalibrationTable, read_table
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.preprocess import Preprocess, list_samples, load_sample
 from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
+from npuc.passes.refinement import Refinement, apply_refinement, load_refinement, side_file
 
 # target -> quantize name -> scheme
 TARGET_SCHEMES = {"cv18xx": {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}}
@@ -157,12 +158,15 @@ class Comparison:
         scheme: str,
         input_shapes: InputShapes | None = None,
         pre: Preprocess | None = None,
+        refinement: Refinement | None = None,
     ) -> None:
         import onnxruntime as ort
 
         source = load_model(model)
         self.graph = import_model(source, input_shapes)
         canonicalize(self.graph)
+        if refinement is not None:  # what the build applies from the table's side file: the split, the refit
+            self.graph = apply_refinement(self.graph, refinement)
         if isinstance(table, ThresholdMap):
             self.thresholds = table
         else:  # the source model's table names place rows of BN-folded convs (`<conv out>_Conv`)
@@ -332,11 +336,14 @@ def load_comparison(
     scheme = _scheme(target, quant)
     if (table is None) == (not calib_data):
         raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
+    refinement = None
     if table is None:
         table = calibrate(model, list(calib_data), pre, input_shapes=input_shapes).table
     elif not isinstance(table, CalibrationTable):
+        if side_file(table).is_file():  # the table describes the graph its side file makes, as the build reads it
+            refinement = load_refinement(side_file(table))
         table = read_table(table)
-    return Comparison(model, table, data, scheme, input_shapes, pre)
+    return Comparison(model, table, data, scheme, input_shapes, pre, refinement)
 
 
 def compare_model(
@@ -361,8 +368,9 @@ def held_out_search(
     max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
     input_shapes: InputShapes | None = None,
     base: Sequence[str] = (),
+    refinement: Refinement | None = None,
 ) -> MixedResult:
     """`npuc calibrate --target-cos`: the fewest cv18xx layers to keep in bf16, besides `base`, for an output
-    cosine >= `target` on samples the thresholds never saw."""
-    comparison = Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes)
+    cosine >= `target` on samples the thresholds never saw (on the graph `refinement` makes, when given)."""
+    comparison = Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes, refinement=refinement)
     return auto_mixed(comparison, target, max_layers, base)

@@ -12,7 +12,8 @@ same samples improves. The number of trials comes from `budget` seconds through 
 quantized reference (flops and ops per sample), so the same inputs give the same table on any machine.
 Measured on YOLOv8n (7 photos): KL 0.9989 output cosine with its face box at IoU 0.78, max / percentile / MSE
 0.9995-0.9998 with every box at IoU >= 0.9. PP-LCNet (20 calibration photos, 35 others): KL alone 0.9725 with
-top-1 agreement 0.66; with 90 per-tensor trials 0.9791 and 0.94.
+top-1 agreement 0.66; with 90 per-tensor trials 0.9791 and 0.94. passes/fit_choice.py then decides whether
+fitting the samples (split, tune, refit) beats the resulting table.
 """
 
 from __future__ import annotations
@@ -62,14 +63,19 @@ class MethodChoice:
         return line
 
 
+def reference_seconds(graph: Graph) -> float:
+    """The cost model's seconds for one run of the quantized reference on one sample."""
+    flops = sum(op_flops(graph, op) for op in graph.ops)
+    return flops / REFERENCE_FLOPS_PER_SECOND + len(graph.ops) * REFERENCE_SECONDS_PER_OP
+
+
 def search_trials(graph: Graph, samples: int, budget: float) -> int:
     """How many per-tensor trials fit in `budget` seconds (each runs the quantized graph on `samples`)."""
-    flops = sum(op_flops(graph, op) for op in graph.ops)
-    per_trial = samples * (flops / REFERENCE_FLOPS_PER_SECOND + len(graph.ops) * REFERENCE_SECONDS_PER_OP)
+    per_trial = samples * reference_seconds(graph)
     return int(budget / per_trial) if per_trial > 0 else 0
 
 
-def _objective(report: CompareReport) -> float:
+def objective(report: CompareReport) -> float:
     """What a per-tensor change must raise: the worst output's mean per-sample cosine plus its pooled cosine
     (the first keeps every sample's output in view, the second the large ones)."""
     return report.mean_sample_cosine + report.output_cosine
@@ -87,7 +93,7 @@ def choose_per_tensor(
     output cosine with them, trials used)."""
     current = dict(candidates[start])
     report = comparison.evaluate(float_layers)
-    best, cosine = _objective(report), report.output_cosine
+    best, cosine = objective(report), report.output_cosine
     loss = comparison.local_loss(report)
     order = sorted((n for n in current if n in loss), key=lambda n: (-loss[n], n))
     chosen: dict[str, str] = {}
@@ -102,8 +108,8 @@ def choose_per_tensor(
             used += 1
             comparison.thresholds.thresholds = {**current, name: value}
             trial = comparison.evaluate(float_layers)
-            if _objective(trial) > best + 1e-6:
-                best, cosine = _objective(trial), trial.output_cosine
+            if objective(trial) > best + 1e-6:
+                best, cosine = objective(trial), trial.output_cosine
                 current[name], chosen[name] = value, method
     comparison.thresholds.thresholds = dict(current)
     return chosen, cosine, used

@@ -231,9 +231,11 @@ def _load_npz(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dict[
             members = {wanted[0]: next(iter(members.values()))}  # a single unnamed array feeds a single input
         missing = [n for n in wanted if n not in members]
         if missing:
+            keys = sorted(members)
+            shown = ", ".join(keys[:5]) + (f", ... ({len(keys)} in all)" if len(keys) > 5 else "") or "none"
             raise UserError(
-                f"sample {path.name}: no array for input(s) {', '.join(missing)} (keys: "
-                f"{', '.join(sorted(members)) or 'none'}); save the sample with the model's input names as keys"
+                f"sample {path.name}: no array for input(s) {', '.join(missing)} (keys: {shown}); save the sample "
+                "with the model's input names as keys"
             )
         return {name: arrays.read_member(archive, members[name], f"sample {path.name}[{name}]") for name in wanted}
 

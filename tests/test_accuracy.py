@@ -131,14 +131,16 @@ def test_split_channels_cli_path(accuracy, data, tmp_path):  # noqa: ANN001
 
 
 def test_default_calibration_beats_plain_kl(accuracy, data, measured, tmp_path):  # noqa: ANN001
-    """What `npuc calibrate` gives with no option (--method auto with its per-tensor search, --target-cos 0.99 on
-    the samples it sets apart, the bf16 layers in its qtable) against the plain KL table, on the same pictures.
-    Measured (16 pictures): mean / worst cosine 0.9697 / 0.883 against KL's 0.9509 / 0.605, top-1 1.0."""
+    """What `npuc calibrate` gives with no option (--method auto: per-tensor search, then the split / tune / refit
+    candidate judged on samples it never saw; --target-cos 0.99 on the samples it sets apart) as `npuc build`
+    reads it (table, side file, qtable) against the plain KL table, on the same pictures. Measured (16
+    pictures): mean / worst cosine 0.9899 / 0.951 against KL's 0.9509 / 0.605, top-1 1.0 (was 0.9697 / 0.883
+    before the fit was a candidate)."""
     model, _, feeds, calib, _, ref = data
-    table, layers = accuracy.default_table(model, calib, tmp_path)
-    assert table.method.startswith("auto (") and layers  # the 0.99 target keeps some layers in bf16
-    default = accuracy.score("defaults", ref, accuracy.npuc_int8_outputs(model, table, feeds, layers), 0.0)
-    kl = accuracy.score("kl", ref, measured[2], 0.0)
+    table, layers, refinement = accuracy.default_table(model, calib, tmp_path)
+    assert table.method.startswith("auto (") and "refit" in table.method and refinement is not None
+    got = accuracy.npuc_int8_outputs(model, table, feeds, layers, refinement)
+    default, kl = accuracy.score("defaults", ref, got, 0.0), accuracy.score("kl", ref, measured[2], 0.0)
     assert default.top1_agreement >= 0.98
-    assert default.mean_cosine > kl.mean_cosine + 0.01 and default.min_cosine > kl.min_cosine + 0.2
-    assert default.mean_cosine >= 0.965  # hold what is reached (the issue's goal is 0.99)
+    assert default.mean_cosine > kl.mean_cosine + 0.03 and default.min_cosine > kl.min_cosine + 0.3
+    assert default.mean_cosine >= 0.985  # hold what is reached (the issue's goal is 0.99)

@@ -360,7 +360,8 @@ def test_auto_method_measures_every_method_and_records_its_choice(tmp_path: Path
 
 def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp_path: Path) -> None:
     """With 10 or more samples every fifth from the third is the closing report's and stays out of the table;
-    every row of the table is one method's row over the other samples; the same inputs give the same bytes."""
+    without the fit (--no-fit) every row of the table is one method's row over the other samples; the same
+    inputs give the same bytes."""
     import npuc
     from npuc.passes.calitable import read_table
     from npuc.passes.method_choice import AUTO_METHODS
@@ -368,8 +369,9 @@ def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp
 
     files = list_samples([SAMPLES])
     assert len(files) >= 10
-    done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "auto.txt")
-    again = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "again.txt")
+    done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "auto.txt", fit=False)
+    again = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "again.txt", fit=False)
+    assert "split/tune/refit not tried: --no-fit" in done.details
     assert (tmp_path / "auto.txt").read_bytes() == (tmp_path / "again.txt").read_bytes()
     assert [d for d in done.details if "per tensor" in d] == [d for d in again.details if "per tensor" in d]
     report = [d for d in done.report if d.startswith("held-out (")]
@@ -388,3 +390,58 @@ def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp
         assert any(tables[m][row] == entry for m in AUTO_METHODS), row
     changed = [row for row, entry in table.entries.items() if entry != tables[chosen][row]]
     assert (", " in table.method) == bool(changed)
+
+
+def test_auto_method_keeps_the_fit_only_when_it_wins_on_samples_it_never_saw(tmp_path: Path) -> None:
+    """The fitted candidate (channel split, tune step, weight refit) is fitted on the samples that did not choose
+    the method and judged against the plain table on those that did: the side file exists exactly when it won,
+    the table says so in its header, a build replays it, and the same inputs give the same bytes."""
+    import npuc
+    from npuc.passes.calitable import read_table
+    from npuc.passes.refinement import load_refinement, side_file
+
+    done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "t.txt")
+    npuc.calibrate(MODEL, [SAMPLES], tmp_path / "again.txt")
+    for name in ("t.txt", "t.txt.refine.npz"):
+        twin = tmp_path / name.replace("t.txt", "again.txt")
+        assert (tmp_path / name).exists() == twin.exists()
+        assert not twin.exists() or (tmp_path / name).read_bytes() == twin.read_bytes()
+    fit = [d for d in done.details if d.startswith("split/tune/refit")]
+    assert len(fit) == 1 and "samples it never saw" in fit[0], done.details
+    kept = "samples kept:" in fit[0]
+    table = read_table(tmp_path / "t.txt")
+    assert side_file(tmp_path / "t.txt").is_file() == kept == ("refit" in table.method)
+    if kept:
+        assert table.tune_number == 5 and load_refinement(side_file(tmp_path / "t.txt")).constants
+        built = npuc.build(MODEL, "cv18xx", tmp_path / "m.cvimodel", calib=tmp_path / "t.txt")
+        assert any("refined constants from" in n for n in built.notes)
+    # a later run whose table is not fitted removes the side file it would otherwise leave for the build
+    npuc.calibrate(MODEL, [SAMPLES], tmp_path / "t.txt", fit=False)
+    assert not side_file(tmp_path / "t.txt").exists()
+
+
+def test_files_a_run_writes_are_never_its_samples_and_compare_reads_the_side_file(tmp_path: Path) -> None:
+    """A table written into its own sample folder (with its .refine.npz) does not become a sample of the next
+    run; `npuc compare --calib TABLE` measures the graph the build makes from TABLE's side file."""
+    import shutil
+
+    import npuc
+    from npuc.passes.calitable import read_table
+    from npuc.passes.compare import Comparison, compare_model
+    from npuc.passes.preprocess import list_samples
+    from npuc.passes.refinement import load_refinement, side_file
+
+    data = tmp_path / "data"
+    shutil.copytree(SAMPLES, data)
+    table = data / "t.txt"
+    for _ in range(2):  # the second run sees t.txt.refine.npz in the folder and leaves it out
+        done = npuc.calibrate(MODEL, [data], table, method="kl", split_channels=2, refine="weights")
+        assert done.result.samples == len(list_samples([SAMPLES]))
+    refinement = load_refinement(side_file(table))
+    assert refinement.groupings
+    report = compare_model(MODEL, table, SAMPLES)
+    feeds = Comparison(MODEL, read_table(table), SAMPLES, "cv18xx_int8", refinement=refinement).feeds
+    direct = Comparison(MODEL, read_table(table), feeds, "cv18xx_int8", refinement=refinement).evaluate()
+    plain = Comparison(MODEL, read_table(table), feeds, "cv18xx_int8").evaluate()
+    assert report.outputs[0].cosine == direct.outputs[0].cosine
+    assert len(report.layers) == len(direct.layers) != len(plain.layers)  # the split graph's tensors

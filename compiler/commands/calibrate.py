@@ -167,10 +167,19 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option(
                 "--budget",
-                help="Seconds (estimated) --method auto spends choosing a method per tensor; 0 turns it off. "
+                help="Seconds (estimated) --method auto spends on each search (a method per tensor, the fit); 0: "
+                "neither. "
                 "A fixed cost model turns it into a trial count: the same inputs give the same table anywhere.",
             ),
         ] = DEFAULT_BUDGET,
+        fit: Annotated[
+            bool,
+            typer.Option(
+                "--fit/--no-fit",
+                help="--method auto also tries splitting channel runs, the tune step and a weight refit (TABLE."
+                "refine.npz), kept only when better on samples it never saw; --no-fit: thresholds only.",
+            ),
+        ] = True,
         depfile: Annotated[
             Path | None,
             typer.Option("--depfile", help="Also write a Makefile rule: the files written depend on every file read."),
@@ -194,8 +203,8 @@ def register(app: typer.Typer) -> None:
                 refine=refine, refine_samples=refine_samples, split_channels=split_channels, preprocess=pre,
                 input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
                 save_stats=save_stats_path, bmnet=bmnet, jobs=jobs, ray=ray, target_cos=target_cos,
-                max_float_layers=max_float_layers, float_patterns=float_patterns, budget=budget, depfile=depfile,
-                on_bad_sample=on_bad_sample, progress=progress,
+                max_float_layers=max_float_layers, float_patterns=float_patterns, budget=budget, fit=fit,
+                depfile=depfile, on_bad_sample=on_bad_sample, progress=progress,
             )  # fmt: skip
         for line in done.notes:
             typer.echo(f"npuc: note: {line}", err=True)
