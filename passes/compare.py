@@ -84,6 +84,7 @@ class CompareReport:
     layers: list[Agreement]  # worst cosine first
     float_layers: list[str] = field(default_factory=list)
     int8_layers: list[str] = field(default_factory=list)  # layers still in int8, worst first
+    judged: list[Agreement] = field(default_factory=list)  # per output, what the automatic choices measure
 
     @property
     def output_cosine(self) -> float:
@@ -217,12 +218,16 @@ class Comparison:
         chosen = list(dict.fromkeys(float_layers))
         qgraph = quantize(self.graph, self.thresholds, self.scheme, self.float_names(chosen))
         outputs = {name: Agreement(name) for name in self.graph.outputs}
+        judged = {name: Agreement(tensor) for name, tensor in self.judged.items() if tensor != name}
         layers: dict[str, Agreement] = {}
         for i, feed in enumerate(self.feeds):
             ref_all = self.ref_layers(i)
             q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
             for name, agreement in outputs.items():
                 agreement.add(self.ref_outputs[i][name], q_all[name], top1=True)
+            for agreement in judged.values():
+                name = agreement.name
+                agreement.add(ref_all[name], _as_float(qgraph, name, q_all[name]))
             for name, value in q_all.items():
                 if name not in ref_all or name in self.graph.inputs:
                     continue
@@ -232,7 +237,20 @@ class Comparison:
         # graph outputs are dequantized by a cast: their layer's format is that of the cast's input
         inner = {op.outputs[0]: op.inputs[0] for op in qgraph.ops if op.outputs[0] in self.graph.outputs}
         int8 = [a.name for a in ranked if _scheme_of(qgraph, inner.get(a.name, a.name)) == "int8_sym"]
-        return CompareReport(len(self.feeds), list(outputs.values()), ranked, chosen, int8)
+        report = CompareReport(len(self.feeds), list(outputs.values()), ranked, chosen, int8)
+        report.judged = [judged.get(name, outputs[name]) for name in self.graph.outputs]
+        return report
+
+    @property
+    def judged(self) -> dict[str, str]:
+        """Graph output -> the tensor whose error the automatic choices measure: a softmax's input (its logits)
+        where the output is a softmax, which saturates and hides the error on confident samples; else itself."""
+        found = {}
+        for name in self.graph.outputs:
+            op = self.producers.get(name)
+            logits = op.inputs[0] if op is not None and op.kind == "softmax" else name
+            found[name] = logits if logits in self.graph.tensors and logits not in self.graph.inputs else name
+        return found
 
     def unit(self, layer: str) -> list[str]:
         """The layers that leave int8 together to keep tensor `layer` out of int8: its producer and every

@@ -114,7 +114,7 @@ def choose_fitted(
         known = frozenset(trial.graph.tensors) | frozenset(op.name for op in trial.graph.ops)
         after = trial.evaluate([n for n in float_layers if n in known])  # a split drops some
         fitted_score = objective(after)
-    pairs = zip(after.outputs, before.outputs)
+    pairs = zip(after.judged, before.judged)
     worse = [a.name for a, b in pairs if output_score(a) < output_score(b) - FIT_TOLERANCE]
     kept = fitted_score > plain_score + FIT_MIN_GAIN and not worse
     reason = f"output {worse[0]} loses" if worse else "" if kept else f"gains less than {FIT_MIN_GAIN:g}"

@@ -55,7 +55,7 @@ class MethodChoice:
 
     def summary(self) -> str:
         scores = ", ".join(f"{m} {s:.5f}" for m, s in self.scores.items())
-        line = f"threshold method {self.method}: held-out output cosine per method {scores}"
+        line = f"threshold method {self.method}: held-out output (softmax: logits) cosine per method {scores}"
         if self.trials:
             counts = Counter(self.per_tensor.values())
             changed = ", ".join(f"{n} {m}" for m, n in sorted(counts.items())) or "none"
@@ -76,9 +76,11 @@ def search_trials(graph: Graph, samples: int, budget: float) -> int:
 
 
 def objective(report: CompareReport) -> float:
-    """What a per-tensor change must raise: the worst output's mean per-sample cosine plus its pooled cosine
-    (the first keeps every sample's output in view, the second the large ones)."""
-    return report.mean_sample_cosine + report.output_cosine
+    """What a per-tensor change must raise: over the judged tensors (each output, or its logits where it is a
+    softmax), the worst mean per-sample cosine plus the worst pooled cosine (the first keeps every sample's
+    output in view, the second the large ones)."""
+    judged = report.judged or report.outputs
+    return min(float(np.mean(a.sample_cosines)) for a in judged) + min(a.cosine for a in judged)
 
 
 def choose_per_tensor(
@@ -139,7 +141,8 @@ def choose_method(
     scores = {}
     for method, table in tables.items():
         comparison.thresholds = thresholds_for_graph(comparison.graph, table, warn=False, table_names=names)
-        scores[method] = comparison.evaluate(float_layers).output_cosine
+        report = comparison.evaluate(float_layers)
+        scores[method] = min(a.cosine for a in report.judged or report.outputs)
     best = max(AUTO_METHODS, key=lambda m: (scores[m], -AUTO_METHODS.index(m)))
     table = tables[best]
     table.method = f"auto ({tables[best].method})"

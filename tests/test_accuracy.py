@@ -134,8 +134,8 @@ def test_default_calibration_beats_plain_kl(accuracy, data, measured, tmp_path):
     """What `npuc calibrate` gives with no option (--method auto: per-tensor search, then the split / tune / refit
     candidate judged on samples it never saw; --target-cos 0.99 on the samples it sets apart) as `npuc build`
     reads it (table, side file, qtable) against the plain KL table, on the same pictures. Measured (16
-    pictures): mean / worst cosine 0.9899 / 0.951 against KL's 0.9509 / 0.605, top-1 1.0 (was 0.9697 / 0.883
-    before the fit was a candidate)."""
+    pictures): mean / worst cosine 0.9946 / 0.944 against KL's 0.9509 / 0.605, top-1 1.0 (0.9697 / 0.883 before
+    the fit was a candidate, 0.9899 / 0.951 before the choices judged the softmax's logits)."""
     model, _, feeds, calib, _, ref = data
     table, layers, refinement = accuracy.default_table(model, calib, tmp_path)
     assert table.method.startswith("auto (") and "refit" in table.method and refinement is not None
@@ -143,4 +143,33 @@ def test_default_calibration_beats_plain_kl(accuracy, data, measured, tmp_path):
     default, kl = accuracy.score("defaults", ref, got, 0.0), accuracy.score("kl", ref, measured[2], 0.0)
     assert default.top1_agreement >= 0.98
     assert default.mean_cosine > kl.mean_cosine + 0.03 and default.min_cosine > kl.min_cosine + 0.3
-    assert default.mean_cosine >= 0.985  # hold what is reached (the issue's goal is 0.99)
+    assert default.mean_cosine >= 0.99  # the issue's goal
+
+
+def test_default_calibration_of_the_mobilenetv3_text_classifier(real_model, tmp_path) -> None:  # noqa: ANN001
+    """MobileNetV3 text-line classifier, defaults only: calibrated on 16 text-line pictures, measured on 16
+    others (cv18xx int8 reference with the table's qtable and side file, against onnxruntime). Its softmax
+    output saturates on confident lines, so the automatic choices judge its logits (a plain output cosine
+    measured 1.00000 for every method there and left the held-out report at 0.979). Measured: mean
+    per-picture cosine 0.99998, worst 0.9996, top-1 1.0."""
+    import npuc
+    from npuc.models.images import model_inputs
+    from npuc.passes.calitable import read_table
+    from npuc.passes.compare import Comparison
+    from npuc.passes.qtable import beside, read_qtable
+    from npuc.passes.refinement import load_refinement, side_file
+
+    model, shape = real_model("mbv3_textline_cls"), {"x": [1, 3, 48, 192]}
+    feeds = model_inputs("mbv3_textline_cls", 32)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, feed in enumerate(feeds[:16]):
+        np.savez(data / f"{i:02d}.npz", **feed)
+    table = tmp_path / "t.txt"
+    npuc.calibrate(model, [data], table, input_shapes=shape)
+    layers = list(read_qtable(beside(table))) if beside(table).is_file() else []
+    refinement = load_refinement(side_file(table)) if side_file(table).is_file() else None
+    report = Comparison(model, read_table(table), feeds[16:], "cv18xx_int8", shape, refinement=refinement)
+    (out,) = report.evaluate(layers).outputs
+    assert np.mean(out.sample_cosines) >= 0.99 and out.top1_agreement >= 0.97  # the issue's goal
+    assert min(out.sample_cosines) >= 0.995  # hold what is reached

@@ -204,3 +204,28 @@ def test_compare_reads_pictures_as_calibrate_does(tmp_path, capsys):
     assert cli(*args, "--layout", "nhwc") == 2  # the model takes NCHW: one line naming the mismatch
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "sample 0.png" in line and "fix --color or --layout" in line
+
+
+def test_automatic_choices_judge_a_softmax_output_by_its_logits(tmp_path: Path) -> None:
+    """A softmax saturates on confident samples and hides the error the thresholds cause: the report keeps the
+    output itself, while `judged` (what --method auto and its fit measure) holds the softmax's input."""
+    import onnx
+    from npuc.models.make_models import make_model
+    from npuc.passes.calibrate import calibrate
+
+    path = tmp_path / "softmax.onnx"
+    onnx.save(make_model("act_softmax"), path)
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        np.save(data / f"{i}.npy", rng.normal(size=(1, 8, 4, 4)).astype(np.float32))
+    table = calibrate(path, [data]).table
+    comparison = Comparison(path, table, data, "cv18xx_int8")
+    (output,) = comparison.graph.outputs
+    logits = comparison.judged[output]
+    assert logits != output and comparison.producers[output].kind == "softmax"
+    assert comparison.producers[output].inputs[0] == logits
+    report = comparison.evaluate()
+    assert [a.name for a in report.outputs] == [output] and [a.name for a in report.judged] == [logits]
+    assert len(report.judged[0].sample_cosines) == 4
