@@ -74,3 +74,13 @@ def op_flops(graph: Graph, op: Op) -> int:
 def op_params(graph: Graph, op: Op) -> int:
     """Number of constant elements (weights, biases, tables) an op reads."""
     return sum(graph.tensors[n].size for n in op.inputs if n and graph.tensors[n].is_const)
+
+
+def int8_flops_share(graph: Graph, float_names: set[str]) -> float:
+    """The share of the graph's operations that stay int8 when the ops named in `float_names` (by op name or
+    output tensor) run in the float fallback."""
+    flops = {op.name: op_flops(graph, op) for op in graph.ops}
+    total = sum(flops.values())
+    kept = sum(f for op in graph.ops if op.name not in float_names and not set(op.outputs) & float_names
+               for f in [flops[op.name]])  # fmt: skip
+    return kept / total if total else 1.0

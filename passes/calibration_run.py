@@ -150,11 +150,26 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
     path = beside(output)
     if base or chosen or (held_out and explicit):
         write_qtable(path, [*base, *chosen], "BF16", comments)
-        lines.append(f"wrote {path}")
+        share = int8_share(model, shapes, [*base, *chosen], refinement)
+        lines.append(f"wrote {path}: {len(base) + len(chosen)} layer(s) in bf16, {share:.1%} of the operations int8")
     elif path.exists():
         path.unlink()
         lines.append(f"removed {path}, made for an earlier table")
     return lines
+
+
+def int8_share(model: Path, shapes: dict, layers: list[str], refinement: Any) -> float:
+    """The share of the network's operations (MACs and element ops) left in int8 with `layers` in bf16."""
+    from npuc.compiler.stats import int8_flops_share
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.refinement import apply_refinement
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    if refinement is not None:
+        graph = apply_refinement(graph, refinement)
+    return int8_flops_share(graph, set(layers))
 
 
 def write_bmnet_table(model: Path, table: Any, shapes: dict, path: Path) -> None:

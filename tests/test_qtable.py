@@ -12,7 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from npuc.compiler.errors import UserError
+from npuc.compiler.stats import int8_flops_share
+from npuc.frontends.onnx import import_onnx
 from npuc.models.make_models import make_model
+from npuc.passes.canonicalize import canonicalize
 from npuc.passes.qtable import beside, format_qtable, read_qtable, write_qtable
 from samples import random_samples
 
@@ -43,6 +46,13 @@ def test_calibrate_writes_the_qtable_beside_the_table(calibrated) -> None:  # no
     layers = read_qtable(beside(table))
     assert 1 <= len(layers) <= 3 and set(layers.values()) == {"BF16"}
     assert ("NOT reached" in run.stderr) == ("not reached" in text)
+    # the int8 share of the operations, as int8_flops_share counts it on the model's IR
+    graph = import_onnx(model, None, [])
+    canonicalize(graph)
+    share = int8_flops_share(graph, set(layers))
+    assert f"{len(layers)} layer(s) in bf16, {share:.1%} of the operations int8" in run.stderr
+    assert 0.0 < share < 1.0 and int8_flops_share(graph, set()) == 1.0
+    assert int8_flops_share(graph, {op.name for op in graph.ops}) == 0.0
     assert "sample number: 8" in table.read_text()  # the thresholds saw only the other 8
 
 
