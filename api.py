@@ -265,7 +265,7 @@ def calibrate(
     from npuc.passes.compare import DEFAULT_MAX_FLOAT_LAYERS
     from npuc.passes.histogram import DEFAULT_BINS, load_stats
     from npuc.passes.histogram import save_stats as write_stats
-    from npuc.passes.preprocess import Preprocess, list_samples, screen_samples
+    from npuc.passes.preprocess import IMAGE_SUFFIXES, Preprocess, list_samples, screen_samples
     from npuc.passes.refinement import Refinement, save_refinement, side_file
 
     model = Path(model)
@@ -354,6 +354,8 @@ def calibrate(
     if save_stats is not None:
         write_stats(result.stats, save_stats)
     if output is not None and result.table is not None:
+        if any(f.suffix.lower() in IMAGE_SUFFIXES for f in usable):  # how pictures became tensors, for later reads
+            result.table.preprocess = pre.spec()
         write_table(result.table, output)
         constants = result.refinement.constants if result.refinement is not None else {}
         if constants or result.groupings:

@@ -71,6 +71,7 @@ class CalibrationTable:
     sample_number: int | None = None
     tune_number: int | None = None
     method: str | None = None
+    preprocess: str | None = None  # Preprocess.spec() of pictures calibrated on (npuc's line; tpu-mlir skips it)
     mlir_version: str = "npuc cali version 1.0"
     mlir_file: str = ""
     generated_time: str | None = None  # None: SOURCE_DATE_EPOCH or FIXED_TIME when written
@@ -104,6 +105,7 @@ _HEADER_FIELDS: tuple[tuple[str, str, Callable[[str], object], Callable[[object]
     ("histogram number", "histogram_bins", _parse_int, str),
     ("sample number", "sample_number", _parse_int, str),
     ("tune number", "tune_number", _parse_int, str),
+    ("preprocess", "preprocess", str, str),
 )
 _FIELD_BY_KEY = MappingProxyType({key: (attr, parse, render) for key, attr, parse, render in _HEADER_FIELDS})
 
@@ -135,6 +137,8 @@ def _standard_header(table: CalibrationTable) -> list[str]:
         lines.append(f"# histogram number: {table.histogram_bins}")
     if table.sample_number is not None:
         lines.append(f"# sample number: {table.sample_number}")
+    if table.preprocess is not None:
+        lines.append(f"# preprocess: {table.preprocess}")
     lines.append("###")
     if table.tune_number is not None:
         lines += [f"# tune number: {table.tune_number}", "###"]

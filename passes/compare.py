@@ -348,9 +348,12 @@ def load_comparison(
     calib_data: Sequence[str | Path] = (),
     input_shapes: InputShapes | None = None,
     pre: Preprocess | None = None,
+    given: Sequence[str] = (),
 ) -> Comparison:
     """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one;
-    `pre` prepares pictures (the same preprocessing as calibrate's)."""
+    `pre` prepares pictures (the same preprocessing as calibrate's). A table calibrated on pictures records
+    its preprocessing: it is used, and a field of `pre` named in `given` (set on the command line) that
+    contradicts it is an error naming both values."""
     scheme = _scheme(target, quant)
     if (table is None) == (not calib_data):
         raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
@@ -360,8 +363,22 @@ def load_comparison(
     elif not isinstance(table, CalibrationTable):
         if side_file(table).is_file():  # the table describes the graph its side file makes, as the build reads it
             refinement = load_refinement(side_file(table))
-        table = read_table(table)
+        path, table = table, read_table(table)
+        pre = recorded_preprocess(table, pre or Preprocess(), given, str(path))
     return Comparison(model, table, data, scheme, input_shapes, pre, refinement)
+
+
+def recorded_preprocess(table: CalibrationTable, pre: Preprocess, given: Sequence[str], where: str) -> Preprocess:
+    """The preprocessing `table` was calibrated with (its `# preprocess:` line), else `pre`; a field set on the
+    command line (`given`) must agree with the table's."""
+    if table.preprocess is None:
+        return pre
+    recorded = Preprocess.from_spec(table.preprocess, where)
+    for name, ours, theirs in pre.differences(recorded):
+        if name in given:
+            raise UserError(f"--{name} {ours} contradicts {where}, calibrated with {name}={theirs}; drop --{name} "
+                            "or calibrate again with it")  # fmt: skip
+    return recorded
 
 
 def compare_model(

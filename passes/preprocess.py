@@ -59,6 +59,36 @@ class Preprocess:
         if not all(np.isfinite(self.mean)) or not all(np.isfinite(self.scale)):
             raise UserError("--mean and --scale must be finite numbers")
 
+    def spec(self) -> str:
+        """One line, written into the calibration table's header (`# preprocess: ...`) and read back by
+        `from_spec`: the same numbers, so a later command prepares pictures exactly as calibrate did."""
+        fields = {name: render(getattr(self, name)) for name, (render, _) in SPEC_FIELDS.items()}
+        return " ".join(f"{name}={value}" for name, value in fields.items())
+
+    @classmethod
+    def from_spec(cls, text: str, where: str) -> Preprocess:
+        values = {}
+        for item in text.split():
+            name, _, value = item.partition("=")
+            if name not in SPEC_FIELDS or name in values:
+                raise UserError(f"{where}: preprocess field {name!r} is unknown or repeated; expected "
+                                f"{', '.join(SPEC_FIELDS)}; fix the header line or recalibrate")  # fmt: skip
+            values[name] = SPEC_FIELDS[name][1](value, f"{where}: preprocess {name}")
+        return cls(**values)
+
+    def differences(self, other: Preprocess) -> list[tuple[str, str, str]]:
+        """(field, this value, other value) for every field where the two prepare pictures differently."""
+        found = []
+        for name, (render, _) in SPEC_FIELDS.items():
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if name in ("mean", "scale"):  # one number stands for every channel
+                same = np.array_equal(*np.broadcast_arrays(np.asarray(mine), np.asarray(theirs)))
+            else:
+                same = mine == theirs
+            if not same:
+                found.append((name, render(mine), render(theirs)))
+        return found
+
 
 def parse_floats(text: str, option: str) -> tuple[float, ...]:
     """`1,2,3` or `1 2 3` → (1.0, 2.0, 3.0)."""
@@ -71,12 +101,30 @@ def parse_floats(text: str, option: str) -> tuple[float, ...]:
     return values
 
 
-def parse_hw(text: str) -> tuple[int, int]:
+def parse_hw(text: str, option: str = "--resize") -> tuple[int, int]:
     """`--resize 256,256` → (256, 256)."""
     parts = text.replace("x", ",").split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise UserError(f"--resize {text!r}: write two positive sizes H,W such as 256,256")
+        raise UserError(f"{option} {text!r}: write two positive sizes H,W such as 256,256")
     return int(parts[0]), int(parts[1])
+
+
+def _render_floats(values: tuple[float, ...]) -> str:
+    return ",".join(repr(float(v)) for v in values)
+
+
+def _parse_resize(text: str, where: str) -> tuple[int, int] | None:
+    return None if text == "none" else parse_hw(text, where)
+
+
+# field -> (render, parse(text, where)): the `# preprocess:` header line, one table both ways
+SPEC_FIELDS: Mapping[str, tuple[Callable[[object], str], Callable[[str, str], object]]] = MappingProxyType({
+    "mean": (_render_floats, parse_floats),
+    "scale": (_render_floats, parse_floats),
+    "color": (str, lambda text, where: text),
+    "resize": (lambda hw: "none" if hw is None else f"{hw[0]},{hw[1]}", _parse_resize),
+    "layout": (str, lambda text, where: text),
+})  # fmt: skip
 
 
 def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:

@@ -229,3 +229,37 @@ def test_automatic_choices_judge_a_softmax_output_by_its_logits(tmp_path: Path) 
     report = comparison.evaluate()
     assert [a.name for a in report.outputs] == [output] and [a.name for a in report.judged] == [logits]
     assert len(report.judged[0].sample_cosines) == 4
+
+
+def test_a_table_calibrated_on_pictures_records_its_preprocessing_and_compare_uses_it(tmp_path, capsys):
+    """`npuc calibrate` on pictures writes `# preprocess: ...` into the table's header (tpu-mlir skips `#` lines);
+    `npuc compare --calib T` then prepares pictures the same way without the flags, agrees when they are given
+    again, and refuses a flag that contradicts the table, naming both values."""
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (80, 100, 3), dtype=np.uint8)).save(pictures / f"{i}.png")
+    table = tmp_path / "t.txt"
+    flags = ["--mean", "127.5", "--scale", "0.0078125", "--color", "bgr"]
+    assert cli("calibrate", str(MODEL), "--data", str(pictures), "-o", str(table), "--method", "kl", *flags) == 0
+    header = [line for line in table.read_text().splitlines() if line.startswith("# preprocess:")]
+    assert header == ["# preprocess: mean=127.5 scale=0.0078125 color=bgr resize=none layout=nchw"]
+    assert read_table(table).preprocess == header[0].split(": ", 1)[1]
+    capsys.readouterr()
+    args = ["compare", str(MODEL), "--calib", str(table), "--data", str(pictures), "--json"]
+    assert cli(*args) == 0
+    recorded = json.loads(capsys.readouterr().out)
+    assert cli(*args, *flags) == 0
+    assert json.loads(capsys.readouterr().out) == recorded
+    assert cli(*args, "--mean", "127.5,127.5,127.5") == 0  # the same numbers, written per channel
+    capsys.readouterr()
+    assert cli(*args, "--color", "rgb") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"--color rgb contradicts {table}, calibrated with color=bgr" in line
+    # tensor samples carry no preprocessing: no line
+    assert cli("calibrate", str(MODEL), "--data", str(GOLDEN / "smallcnn_cali_samples"), "-o", str(table),
+               "--method", "kl") == 0  # fmt: skip
+    assert read_table(table).preprocess is None

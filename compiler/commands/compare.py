@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, preprocess
+from npuc.compiler.commands.options import TableColor, TableLayout, TableMean, TableResize, TableScale, preprocess
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 
@@ -67,11 +67,11 @@ def register(app: typer.Typer) -> None:
         input_shape: Annotated[
             list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,... (dynamic dims).")
         ] = None,
-        mean: Mean = "0",
-        scale: Scale = "1",
-        color: Color = "rgb",
-        resize: Resize = None,
-        layout: Layout = "nchw",
+        mean: TableMean = None,
+        scale: TableScale = None,
+        color: TableColor = None,
+        resize: TableResize = None,
+        layout: TableLayout = None,
     ) -> None:
         """Per-output and per-layer agreement of the quantized reference with onnxruntime float."""
         from npuc.frontends.onnx import parse_input_shapes
@@ -80,8 +80,10 @@ def register(app: typer.Typer) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             shapes = parse_input_shapes(input_shape or []) or None
-            pre = preprocess(mean, scale, color, resize, layout)  # pictures as calibrate reads them
-            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes, pre)
+            given = {"mean": mean, "scale": scale, "color": color, "resize": resize, "layout": layout}
+            pre = preprocess(mean or "0", scale or "1", color or "rgb", resize, layout or "nchw")
+            set_here = [name for name, value in given.items() if value is not None]  # else the table's, if any
+            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes, pre, set_here)
         for warning in caught:  # e.g. table rows naming no tensor of this model: one line each, then go on
             typer.echo(f"npuc: warning: {' '.join(str(warning.message).split())}", err=True)
         mixed = None
