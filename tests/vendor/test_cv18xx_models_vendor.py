@@ -115,3 +115,19 @@ def test_mtcnn_int8_equals_reference_and_vendor(name: str, chip: str, tmp_path: 
             assert np.array_equal(value, theirs)
         else:
             assert _same(value, theirs)
+
+
+@pytest.mark.parametrize("chip", ["cv183x", "cv181x"])
+def test_onet_bf16_is_bit_exact_on_31_face_crops(chip: str, tmp_path: Path, real_model) -> None:
+    """MTCNN O-Net in bf16 (PReLU, max pools, FC, the CPU softmax) on 31 real face crops (scikit-image's LFW
+    subset, prepared as the face pipeline feeds O-Net): every output equals the vendor simulator's bit for bit."""
+    from npuc.models.images import face_crops, preprocess
+
+    model = real_model("mtcnn_onet")
+    path = build(model, None, chip, "bf16", tmp_path / "onet.cvimodel")
+    cvimodel = read_cvimodel(path)
+    feeds = [{"input_3": preprocess(crop, "mtcnn_onet")} for crop in face_crops()[:31]]
+    for i, feed in enumerate(feeds):
+        ours, vendor = run_cvimodel(cvimodel, feed), run_vendor(path, feed)
+        assert set(ours) == set(vendor)
+        assert all(_same(ours[n], vendor[n].reshape(ours[n].shape)) for n in ours), f"crop {i}"
