@@ -287,6 +287,7 @@ def calibrate(
     )  # fmt: skip
     pre = preprocess or Preprocess()
     shapes = _as_shape_dict(input_shapes)
+    steps.check_batchable(model, shapes, options)  # before the long passes
     done = Calibrated(None)
     # what this run writes is never one of its samples (a table written into the sample folder, then rerun)
     written = {p.resolve() for p in (output, save_stats, bmnet) if p is not None}

@@ -460,7 +460,8 @@ def fit_to_samples(
     names = dict(plan.observed)
     refinement, groupings = None, {}
     if options.split_channels > 1:
-        graph, table, names, groupings = split_for_table(graph, table, names, feeds, options.split_channels)
+        split_feeds = feeds[: options.refine_samples]  # one batch, as the refit's
+        graph, table, names, groupings = split_for_table(graph, table, names, split_feeds, options.split_channels)
     if options.tune > 0:
         table = tune_table(graph, table, names, feeds[: options.tune])
     if options.refine:

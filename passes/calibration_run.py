@@ -40,6 +40,24 @@ class AutoCalibration:
         return self.fit.refinement() if self.fit is not None else None
 
 
+def check_batchable(model: Path, shapes: dict, options: Any) -> None:
+    """--refine / --split-channels run their samples as one batch: refused before any pass when the model's
+    tensors are not all sample-first (a sequence-first RNN), unless one sample at a time was asked for."""
+    from npuc.compiler.errors import UserError
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.qsim import batch_first
+
+    if not (options.refine or options.split_channels > 1) or options.refine_samples == 1:
+        return
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    if not batch_first(graph):
+        raise UserError(f"--refine / --split-channels fit {options.refine_samples} samples as one batch, but not "
+                        "every tensor of this model has the sample axis first (a sequence-first RNN, packed attention "
+                        "heads); add --refine-samples 1")  # fmt: skip
+
+
 def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
                     patterns: dict[str, list[str]], options: Any, budget: float,
                     may_fit: str = "") -> AutoCalibration:  # fmt: skip

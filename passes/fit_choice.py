@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import InputShapes
 from npuc.passes.calibrate import CalibrationOptions, CalibrationPlan, fit_to_samples
 from npuc.passes.calitable import CalibrationTable
 from npuc.passes.compare import Agreement, Comparison
 from npuc.passes.method_choice import objective, reference_seconds
+from npuc.passes.qsim import batch_first
 from npuc.passes.refine import RefineResult
 from npuc.passes.refinement import Refinement
 
@@ -102,15 +104,21 @@ def choose_fitted(
         before = plain.evaluate(float_layers)
         plain_score = objective(before)
         count = fit_sample_count(reference_seconds(plain.graph), len(fit_feeds), budget)
+        if not batch_first(plain.graph):
+            reason = "the model's tensors are not all sample-first (a sequence-first RNN); the fit batches samples"
+            return FitChoice(False, plain_score, None, 0, len(judge_feeds), reason)
         if count < FIT_MIN_SAMPLES:
             reason = (f"{len(fit_feeds)} samples to fit, {count} within --budget {budget:g} s; it needs "
                       f"{FIT_MIN_SAMPLES} (give more samples or a larger --budget)")  # fmt: skip
             return FitChoice(False, plain_score, None, count, len(judge_feeds), reason)
         options = CalibrationOptions(method="kl", tune=FIT_OPTIONS.tune, refine=FIT_OPTIONS.refine,
                                      split_channels=FIT_OPTIONS.split_channels, refine_samples=count)  # fmt: skip
-        fitted, refit, groupings = fit_to_samples(plan, table, fit_feeds[:count], options)
-        refinement = Refinement(refit.constants if refit is not None else {}, groupings)
-        trial = Comparison(model, fitted, list(judge_feeds), "cv18xx_int8", input_shapes, refinement=refinement)
+        try:
+            fitted, refit, groupings = fit_to_samples(plan, table, fit_feeds[:count], options)
+            refinement = Refinement(refit.constants if refit is not None else {}, groupings)
+            trial = Comparison(model, fitted, list(judge_feeds), "cv18xx_int8", input_shapes, refinement=refinement)
+        except UserError as exc:  # an op the batched fit cannot run: the plain table stands, and the summary says why
+            return FitChoice(False, plain_score, None, count, len(judge_feeds), f"the fit stopped: {exc}")
         known = frozenset(trial.graph.tensors) | frozenset(op.name for op in trial.graph.ops)
         after = trial.evaluate([n for n in float_layers if n in known])  # a split drops some
         fitted_score = objective(after)

@@ -65,14 +65,29 @@ def depthwise_conv(x: np.ndarray, w: np.ndarray, op: Op) -> np.ndarray:
 
 def op_forward(graph: Graph, op: Op, args: list[np.ndarray], batch: int) -> np.ndarray:
     """One op in float on a batch (the first output only)."""
-    if op.kind == "reshape":  # the IR pins batch 1 into reshape targets
-        return args[0].reshape(batch, *graph.shape(op.outputs[0])[1:])
+    return op_outputs(graph, op, args, batch)[0]
+
+
+def op_outputs(graph: Graph, op: Op, args: list[np.ndarray], batch: int) -> list[np.ndarray]:
+    """One op in float on a batch: every output (a split has several)."""
+    if op.kind == "reshape":  # the IR pins batch 1 into reshape targets; batch_first graphs stack samples on axis 0
+        shape = graph.shape(op.outputs[0])
+        return [args[0].reshape(batch * shape[0], *shape[1:]) if shape else args[0].reshape(shape)]
+    # a concat part made of constants alone (a decode grid) holds one sample's worth: the same for every sample
+    if op.kind == "concat" and batch > 1 and op.attrs.axis % len(args[0].shape) != 0:
+        args = [np.broadcast_to(a, (batch, *a.shape[1:])) if a.shape[0] == 1 else a for a in args]
     if op.kind == "conv2d" and is_depthwise(op, args[1]):
         y = depthwise_conv(args[0], args[1], op)
         if len(args) > 2:
             y += args[2].astype(np.float32).reshape(1, -1, 1, 1)
-        return apply_activation(y, op.attrs.act)
-    return FLOAT_KERNELS[op.kind](op, args)[0]
+        return [apply_activation(y, op.attrs.act)]
+    return list(FLOAT_KERNELS[op.kind](op, args))
+
+
+def batch_first(graph: Graph) -> bool:
+    """Whether every activation has the sample axis first (dim 0 is 1 at batch 1): only then are samples
+    stacked along axis 0 one batch (a sequence-first RNN's time axis is not)."""
+    return all(t.shape and t.shape[0] == 1 for t in graph.tensors.values() if not t.is_const and t.shape)
 
 
 def stack_feeds(feeds: Sequence[Mapping[str, np.ndarray]]) -> Env:
@@ -105,6 +120,7 @@ class Simulator:
                 self.last_use[name] = i
         for name in graph.outputs:
             self.last_use[name] = len(graph.ops)
+        self.batch_first = batch_first(graph)
 
     def set_weight(self, name: str, value: np.ndarray) -> None:
         self.weights[name] = value
@@ -143,11 +159,19 @@ class Simulator:
         ops = self.graph.ops
         stop = len(ops) if stop is None else stop
         env = to_graph_layout(self.graph, env) if start == 0 else dict(env)  # samples come as the user feeds them
-        batch = next(iter(env.values())).shape[0]
+        if self.batch_first:  # a tensor made of constants alone keeps dim 0 at 1
+            batch = max((v.shape[0] for v in env.values() if np.ndim(v)), default=1)
+        else:  # one sample at a time: its tensors have the graph's own shapes
+            batch = 1
+            stacked = [n for n in self.graph.inputs if n in env and env[n].shape != tuple(self.graph.shape(n))]
+            if stacked:
+                raise UserError(f"input '{stacked[0]}' holds {env[stacked[0]].shape[0]} samples, which cannot run as "
+                                "one batch: not every tensor of the model has the sample axis first (a "
+                                "sequence-first RNN); use --refine-samples 1")  # fmt: skip
         for i in range(start, stop):
             op = ops[i]
             try:
-                raw = op_forward(self.graph, op, self.args(op, env, quantized), batch)
+                raw, *others = op_outputs(self.graph, op, self.args(op, env, quantized), batch)
             except ValueError as exc:  # an op whose attributes pin batch 1 (a fixed shape)
                 raise UserError(
                     f"op '{op.name}' ({op.kind}) cannot run {batch} samples as one batch ({exc}); "
@@ -155,8 +179,9 @@ class Simulator:
                 ) from None
             if hook is not None:
                 raw = hook(i, op, raw)
-            out = op.outputs[0]
-            env[out] = self.grid(out, raw) if quantized and op.kind != "softmax" else raw
+            for out, value in zip(op.outputs, [raw, *others]):
+                if out:
+                    env[out] = self.grid(out, value) if quantized and op.kind != "softmax" else value
             for name in op.inputs:
                 if self.last_use.get(name, -1) <= i and name in env:
                     del env[name]

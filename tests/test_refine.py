@@ -315,3 +315,49 @@ def test_refine_and_split_on_a_model_fed_nhwc(real_model, tmp_path) -> None:
     assert refined.refinement is not None and refined.refinement.constants
     split = calibrate(model, paths, options=CalibrationOptions(split_channels=3, refine_samples=6))
     assert split.table is not None and set(split.table.thresholds()) >= set(refined.table.thresholds())
+
+
+def test_refine_on_a_sequence_first_rnn_refuses_up_front_with_a_fix_that_works(real_model, tmp_path) -> None:
+    """The CRNN's LSTM runs time-first: samples cannot be stacked on axis 0. --refine with its default batch is
+    refused before any pass, naming --refine-samples 1, and that fix runs (one sample, the graph's own shapes)."""
+    import npuc
+    from npuc.compiler.errors import UserError
+    from npuc.frontends.onnx import import_onnx
+    from npuc.models.images import model_inputs
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.qsim import batch_first
+    from npuc.passes.refinement import load_refinement, side_file
+
+    model, shape = real_model("ddddocr_crnn"), ["input1:1,1,64,160"]
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, feed in enumerate(model_inputs("ddddocr_crnn", 3)):
+        np.savez(data / f"{i}.npz", **feed)
+    graph = import_onnx(model, {"input1": [1, 1, 64, 160]}, [])
+    canonicalize(graph)
+    assert not batch_first(graph)
+    with pytest.raises(UserError, match="add --refine-samples 1"):
+        npuc.calibrate(model, [data], tmp_path / "t.txt", method="kl", refine="weights", input_shapes=shape)
+    assert not (tmp_path / "t.txt").exists()
+    npuc.calibrate(model, [data], tmp_path / "t.txt", method="kl", refine="weights", refine_samples=1,
+                   input_shapes=shape)  # fmt: skip
+    assert load_refinement(side_file(tmp_path / "t.txt")).constants
+
+
+def test_batched_simulator_keeps_every_output_of_a_split_and_broadcasts_constant_parts() -> None:
+    """A Split feeds both of its outputs on (YOLOv8's C2f blocks), and a concat part made of constants alone (a
+    decode grid) stays one sample's worth: the batched float run equals the interpreter run per sample."""
+    from npuc.models.netbuilder import NetBuilder
+
+    b = NetBuilder("split_concat", np.random.default_rng(0))
+    y = b.conv("x", 4, 8, 3)
+    left, right = b.node("Split", [y, b.const("parts", np.array([3, 5], np.int64))], n_out=2, axis=1)
+    grid = b.op("Add", b.const("zeros", np.zeros((1, 2, 6, 6), np.float32)),
+                b.const("ones", np.ones((1, 2, 6, 6), np.float32)))  # fmt: skip
+    out = b.op("Concat", b.op("Relu", right), left, grid, axis=1)
+    graph = import_model(b.build({"x": (1, 4, 6, 6)}, {"out": out}))
+    canonicalize(graph)
+    feeds = _feeds(graph, 3)
+    want = np.concatenate([run(graph, f)[graph.outputs[0]] for f in feeds])
+    got = Simulator(graph, {}).outputs(stack_feeds(feeds), quantized=False)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
