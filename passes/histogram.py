@@ -181,7 +181,9 @@ def kl_threshold(hist: np.ndarray, width: float, dst_bins: int = 128) -> float:
     if not np.asarray(hist).sum():
         return 0.0
     best = int(np.argmin(kl_divergences(hist, dst_bins)))
-    return float(np.float32(width) * np.float32((best + 1) * dst_bins))
+    with np.errstate(over="ignore"):  # a range near float32's largest (an attention mask's -FLT_MAX fill)
+        value = np.float32(width) * np.float32((best + 1) * dst_bins)
+    return float(value) if np.isfinite(value) else float(np.finfo(np.float32).max)
 
 
 def kl_divergences(hist: np.ndarray, dst_bins: int = 128) -> np.ndarray:
