@@ -77,11 +77,12 @@ def build(
     if hb is not None:
         hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
         output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
-    qtable_layers = _qtable_layers(graph, chosen, calib, qtable, options, notes)
-    _check_float_layers(graph, options.get("float_layers", ()))
-    if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: refitted weights
+    if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: the split and refitted weights
         graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
         notes.append(f"refined constants from {side_file(calib)}")
+    # names are resolved on the graph the table describes (a split's group tensors are in it)
+    qtable_layers = _qtable_layers(graph, chosen, calib, qtable, options, notes)
+    _check_float_layers(graph, options.get("float_layers", ()))
     out = Path(output) if output is not None else Path(f"{model.stem}_{chosen.name}")
     request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
     result = chosen.build(request)

@@ -145,3 +145,21 @@ def test_target_cos_is_on_by_default_on_the_report_samples(tmp_path: Path) -> No
     few.write_text("\n".join(str(p) for p in sorted(samples.iterdir())[:6]) + "\n")
     done = npuc.calibrate(model, [few], tmp_path / "few_t.txt")
     assert any("--target-cos 0.99 not searched: it needs 10 or more samples" in n for n in done.notes)
+
+
+def test_a_qtable_may_name_the_tensors_of_the_split_its_table_describes(tmp_path: Path) -> None:
+    """With a channel split the table (and --target-cos) describe the split graph: a qtable naming a group
+    tensor builds, because the build applies the side file before it resolves the qtable's names."""
+    import npuc
+    from golden import GOLDEN_ROOT
+    from npuc.passes.refinement import load_refinement, side_file
+
+    model = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx"
+    table = tmp_path / "t.txt"
+    npuc.calibrate(model, [GOLDEN_ROOT / "cv18xx" / "smallcnn_cali_samples"], table, method="kl", split_channels=2,
+                   refine="weights")  # fmt: skip
+    (start,) = load_refinement(side_file(table)).groupings  # the run that was split
+    group = next(line.split()[0] for line in table.read_text().splitlines() if ".g1 " in line)
+    write_qtable(beside(table), [group], "BF16")
+    result = npuc.build(model, "cv18xx", tmp_path / "m.cvimodel", calib=table)
+    assert result.summary["qtable_bf16_layers"] == [group] and start
