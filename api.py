@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.targets import BuildResult
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.container import write_bmodel
 from npuc.backends.bm1880.quantize import load_thresholds

@@ -59,8 +59,9 @@ def _table(name: str, model: Path, shapes: list[str], folder: Path) -> Path:
 
 
 def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, str, str]]:  # noqa: ANN001
-    import npuc
     import onnxruntime as ort
+
+    import npuc
     from npuc.compiler.targets import get_target
     from npuc.models.fetch import fetch_model, get_model
     from npuc.models.images import model_inputs

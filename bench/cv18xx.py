@@ -43,6 +43,7 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "c
 def _calibrate_resnet(folder: Path, count: int) -> tuple[Path, Path]:
     """(model, table): the generated resnet18_224 and a KL table from `count` ImageNet-normalized photos."""
     import numpy as np
+
     from npuc.models.images import IMAGENET_MEAN, IMAGENET_STD, load_image, normalize, resize, to_layout
     from npuc.models.make_models import make_all
     from npuc.passes.calibrate import CalibrationOptions, calibrate

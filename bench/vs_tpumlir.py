@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path[:0] = [str(ROOT / "tests" / "vendor"), str(ROOT / "tests")]
     import cv18xx_sim as vendor
     from golden import GOLDEN_ROOT  # the vendors' files, found as the tests find them
+
     from npuc.models.fetch import fetch_model
     from npuc.models.images import face_crops, model_inputs, preprocess
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_encoding
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
 from npuc.compiler.errors import UserError
 
 _FDP = descriptor_pb2.FieldDescriptorProto

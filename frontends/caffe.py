@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
+
 from npuc.compiler import ops
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from npuc.compiler.ir import Graph

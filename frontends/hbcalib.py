@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler import arrays
 from npuc.compiler.errors import UserError
 from npuc.passes.calitable import CalibrationTable

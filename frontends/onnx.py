@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
+from onnx import external_data_helper, numpy_helper
+
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.fold import fold_constant_ops
 from npuc.compiler.ir import Graph
-from onnx import external_data_helper, numpy_helper
 
 from .onnx_ops import ConvertContext, find_converter
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.models.fetch import get_model
 

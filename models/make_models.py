@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.models.netbuilder import NetBuilder

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.ir import Graph, Op
 from npuc.passes.rewrites import rewrite, sole_user

@@ -37,6 +37,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph
 from npuc.frontends.onnx import InputShapes, import_model, load_model, pin_input_shapes

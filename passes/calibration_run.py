@@ -193,6 +193,7 @@ def int8_share(model: Path, shapes: dict, layers: list[str], refinement: Any) ->
 def write_bmnet_table(model: Path, table: Any, shapes: dict, path: Path) -> None:
     """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
     import onnx
+
     from npuc.backends.bm1880.export_table import export_bmnet_table
     from npuc.frontends.onnx import import_onnx
     from npuc.passes.calibrate import tensor_table_names

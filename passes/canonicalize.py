@@ -7,6 +7,7 @@ change (tests compare against onnxruntime after this pass). Graph outputs keep t
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.fold import fold_constant_ops
 from npuc.compiler.ir import Graph, Op

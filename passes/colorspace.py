@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 
 # BT.601 RGB -> YCbCr: rows Y, U (Cb), V (Cr); offsets added after the matrix (0..255 inputs).

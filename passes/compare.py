@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import external_shape, run

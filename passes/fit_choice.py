@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import InputShapes
 from npuc.passes.calibrate import CalibrationOptions, CalibrationPlan, fit_to_samples

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 
 INT32_MIN = -(1 << 31)

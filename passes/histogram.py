@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler.defaults import DEFAULT_BINS
 from npuc.compiler.errors import UserError
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from npuc.compiler.defaults import DEFAULT_BUDGET
 from npuc.compiler.ir import Graph
 from npuc.compiler.stats import op_flops

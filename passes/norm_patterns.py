@@ -10,6 +10,7 @@ Registered in the canonicalization pipeline (passes/canonicalize.py).
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.ir import Graph, Op
 from npuc.passes.rewrites import rewrite

@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+
 from npuc.compiler import arrays
 from npuc.compiler.errors import UserError
 

@@ -36,6 +36,8 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
+
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
@@ -48,7 +50,6 @@ from npuc.passes.qdq_bm1880 import BM1880_NOTE, lower_for_export, write_bm1880_n
 from npuc.passes.qdq_exact import ExactBuilder, int8_value_infos, write_exact_nodes
 from npuc.passes.qdq_ops import EMITTERS, OPSET, OnnxBuilder, input_value
 from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
-from onnx import TensorProto, helper
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,12 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from onnx import TensorProto
+
 from npuc.backends.bm1880.quantize import Layer, LoweredNet, lower, strip_host_tail
 from npuc.compiler.ir import Graph, Op
 from npuc.passes.qdq_exact import ExactBuilder
 from npuc.passes.qdq_ops import EMITTERS
-from onnx import TensorProto
 
 INT16 = (-(1 << 15), (1 << 15) - 1)
 BM1880_NOTE = (

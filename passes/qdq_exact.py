@@ -36,6 +36,8 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from onnx import TensorProto
+
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op, QuantParams
@@ -46,7 +48,6 @@ from npuc.compiler.kernels.quantized.int8 import pool_requant
 from npuc.compiler.kernels.quantized.params import OpQuant
 from npuc.passes.fixedpoint import round_to_bf16
 from npuc.passes.qdq_ops import EMITTERS, OnnxBuilder, activation
-from onnx import TensorProto
 
 I64 = TensorProto.INT64
 OUTPUT_DEQUANT = ("bf16", "float32")

@@ -12,11 +12,12 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.compiler import ops
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op
 from npuc.passes.colorspace import PreprocessAffine
-from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # HardSwish (14), per-axis QuantizeLinear/DequantizeLinear (13), Split sizes as an input (13)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant

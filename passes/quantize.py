@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UserError

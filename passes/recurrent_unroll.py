@@ -11,6 +11,7 @@ gate's activation. A constant initial state (zeros, as exporters write) folds aw
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op

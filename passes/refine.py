@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op

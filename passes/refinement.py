@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph

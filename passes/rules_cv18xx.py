@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.compiler.ir import Graph
 from npuc.passes.qsim import Simulator, activation_peaks, fake_quant, op_forward, output_cosines, stack_feeds
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
+
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels import FLOAT_KERNELS

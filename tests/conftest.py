@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.models.fetch import fetch_model
 
 # tests/ -> repo root -> its parent holds shared/golden (the same layout in CI).

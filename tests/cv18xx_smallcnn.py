@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from npuc.compiler.allocator import place_blocks, place_by_size, place_first_fit
 
 

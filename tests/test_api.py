@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from npuc.models.make_models import make_model
 from samples import random_samples
+
+from npuc.models.make_models import make_model
 
 
 @pytest.fixture(scope="module")

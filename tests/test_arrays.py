@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from npuc.compiler.arrays import MAX_ARRAY_BYTES, load_arrays
 from npuc.compiler.errors import CorruptFileError, UserError
 

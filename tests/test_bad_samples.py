@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from npuc.models.make_models import make_model
 from samples import random_samples
+
+from npuc.models.make_models import make_model
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:

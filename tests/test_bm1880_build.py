@@ -13,6 +13,8 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine, softmax
+from onnx import numpy_helper
+
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.calibration import new_calibration, save_calibration
@@ -27,7 +29,6 @@ from npuc.models.images import model_inputs
 from npuc.models.make_models import make_all
 from npuc.passes.calibrate import CalibrationOptions, calibrate, max_abs_thresholds
 from npuc.passes.canonicalize import canonicalize
-from onnx import numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 ROOT = Path(__file__).resolve().parents[1]

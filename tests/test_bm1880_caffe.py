@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.bm1880.container import load_bmodel
 from npuc.compiler.cli import main
 

@@ -6,6 +6,7 @@ import struct
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.bm1880.calibration import (
     blob_thresholds,
     calibration_to_binary,
@@ -152,9 +153,10 @@ def test_npuc_exports_the_bmnet_table_of_the_lenet(tmp_path):
 def test_calibrate_writes_a_bmnet_table_a_bm1880_build_reads(tmp_path):
     """`npuc calibrate run --bmnet T.pb2 -o T.txt`: the same thresholds in both tables; `build --calib T.pb2`."""
     import numpy as np
+    from test_cli import npuc
+
     from npuc.backends.bm1880.container import load_bmodel
     from npuc.passes.calitable import read_table
-    from test_cli import npuc
 
     golden = GOLDEN_ROOT / "bm1880"
     x = np.fromfile(golden / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)

@@ -7,6 +7,7 @@ from functools import cache
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import (
     decode_cmdbuf,

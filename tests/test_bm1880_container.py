@@ -7,6 +7,7 @@ import struct
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.bm1880.container import (
     MAGIC_PROTO,
     MAGIC_PROTO_WEIGHTS,

@@ -11,6 +11,7 @@ import random
 import pytest
 from golden import GOLDEN_ROOT
 from mutation import mutate
+
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gmem_refs
 from npuc.backends.bm1880.container import load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.inspect import describe_bmodel

@@ -12,6 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from metrics import cosine
+
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.calibration import new_calibration, save_calibration

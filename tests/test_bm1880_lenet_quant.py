@@ -9,10 +9,11 @@ import numpy as np
 import onnx
 import pytest
 from golden import GOLDEN_ROOT
+from onnx import numpy_helper
+
 from npuc.backends.bm1880.calibration import load_calibration
 from npuc.compiler.protoschema import load_proto
 from npuc.passes import fixedpoint as fp
-from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = GOLDEN_ROOT / "bm1880"

@@ -17,9 +17,10 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine, softmax
+from onnx import numpy_helper
+
 from npuc.backends.bm1880.container import load_bmodel
 from npuc.backends.bm1880.sim import input_name, run_command
-from onnx import numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 CROPS = 16

@@ -13,13 +13,14 @@ import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine, softmax
 from mutation import mutate
+from onnx import numpy_helper
+
 from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import encode_cmdbuf, make_instruction
 from npuc.backends.bm1880.container import BModel, Command, TensorInfo, load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.sim import quantize, run_bmodel
 from npuc.compiler.cli import main
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
-from onnx import numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 PNET = GOLDEN / "mtcnn_pnet_multishape.bmodel"

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine
+
 from npuc.backends.bpu import artifact as bpu_artifact
 from npuc.backends.bpu.contract import (
     Contract,

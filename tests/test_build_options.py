@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from samples import random_samples
+
 from npuc.compiler.targets import all_targets
 from npuc.models.make_models import make_model
-from samples import random_samples
 
 
 @pytest.fixture(scope="module")

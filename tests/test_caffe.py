@@ -10,11 +10,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from npuc.compiler.interp import run
 from npuc.frontends.caffe import caffe_schema, import_caffe
 from npuc.frontends.onnx import import_onnx
-from onnx import TensorProto, helper, numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.compiler.cli import main
 from npuc.compiler.errors import UserError
 from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from npuc.models.make_models import make_model
 from npuc.passes import shards
 from npuc.passes.calibrate import CalibrationOptions, calibrate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.compiler.errors import UserError
 from npuc.passes import calitable as ct
 

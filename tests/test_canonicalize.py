@@ -6,10 +6,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.compiler import interp
 from npuc.frontends.onnx import import_model
 from npuc.passes.canonicalize import canonicalize
-from onnx import TensorProto, helper, numpy_helper
 
 RNG = np.random.default_rng(7)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.quantized import QUANT_KERNELS

@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 import pytest
 from golden import GOLDEN_ROOT
-from npuc.compiler import cli
 from onnx import TensorProto, helper, numpy_helper
+
+from npuc.compiler import cli
 
 GOLDEN = GOLDEN_ROOT
 

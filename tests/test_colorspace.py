@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from npuc.compiler.errors import UserError
 from npuc.passes import colorspace as cs
 

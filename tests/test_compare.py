@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.compiler.cli import main
 from npuc.passes.calitable import format_table, read_table
 from npuc.passes.compare import Comparison, auto_mixed, compare_model
@@ -210,6 +211,7 @@ def test_automatic_choices_judge_a_softmax_output_by_its_logits(tmp_path: Path) 
     """A softmax saturates on confident samples and hides the error the thresholds cause: the report keeps the
     output itself, while `judged` (what --method auto and its fit measure) holds the softmax's input."""
     import onnx
+
     from npuc.models.make_models import make_model
     from npuc.passes.calibrate import calibrate
 

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 import pytest
 from golden import GOLDEN_ROOT
+from onnx import numpy_helper
+
 from npuc.backends.cv18xx import compression as vlc
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import CHIPS
@@ -14,7 +16,6 @@ from npuc.backends.cv18xx.sim import Machine
 from npuc.backends.cv18xx.sim_mem import GlobalMemory
 from npuc.backends.cv18xx.sim_tiu import f32_to_bf16
 from npuc.compiler.errors import CorruptFileError
-from onnx import numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 FC_ELEMENTS = 32 * 10  # fc_w_41_fix_bf16: the Gemm weight transposed to 32x10, stored compressed at weight+0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx import fbcodec
 from npuc.backends.cv18xx.container import (
     decode_cpu_args,

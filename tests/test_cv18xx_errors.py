@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 from golden import GOLDEN_ROOT
+from test_cli import assert_user_error, npuc
+
 from npuc.backends.cv18xx.codegen import no_kernel
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
 from npuc.passes.calitable import read_table
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.quantize import quantize
-from test_cli import assert_user_error, npuc
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 

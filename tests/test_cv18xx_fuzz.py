@@ -8,6 +8,7 @@ import struct
 from collections.abc import Callable
 
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf
 from npuc.backends.cv18xx.container import read_cvimodel
@@ -130,6 +131,7 @@ def _run_damaged(data: bytes, section: str, damage, rounds: int, seed: int) -> d
     """Simulate `data` `rounds` times, each with `damage(rng, round, bytes)` applied to one section; counts of
     "ran" and of each UserError kind raised (anything else propagates and fails the test)."""
     import numpy as np
+
     from npuc.backends.cv18xx.sim import run_cvimodel
     from npuc.compiler.errors import UserError
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.backends.cv18xx.inputs import settle_integer_inputs
 from npuc.backends.cv18xx.sim_cpu import cpu_embedding
 from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import import_model
 from npuc.passes.fixedpoint import BF16_MAX, constant_to_bf16
-from onnx import TensorProto, helper, numpy_helper
 
 
 def _graph(nodes: list, outputs: list[str]):  # noqa: ANN202

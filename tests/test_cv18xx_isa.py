@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import Instruction, decode_summary, disassemble, join_cmdbuf, split_cmdbuf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cv18xx_smallcnn import build_smallcnn
+
 from npuc.backends.cv18xx.container import read_cvimodel
 
 REGION_SHARED = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import load_program, run_cvimodel, tensor_view
 from npuc.backends.cv18xx.sim_cpu import cpu_quant

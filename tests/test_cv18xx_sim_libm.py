@@ -8,6 +8,7 @@ import ctypes.util
 import platform
 
 import numpy as np
+
 from npuc.backends.cv18xx.sim_libm import expf
 
 

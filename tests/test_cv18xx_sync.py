@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx import dma, isa, sync, tiu
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf

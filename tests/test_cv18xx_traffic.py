@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from cv18xx_smallcnn import build_smallcnn
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.backends.cv18xx import compression
 from npuc.backends.cv18xx.weights import StagedWeight, WeightArea
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from samples import random_samples
+
 from npuc import api
 from npuc.compiler.errors import UserError
 from npuc.models.make_models import make_model
-from samples import random_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from fuzz import mutate_json  # noqa: E402  (the bench's mutation, so the test replays what the bench found)

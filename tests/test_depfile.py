@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import onnx
+from samples import random_samples
+
 from npuc.compiler.depfile import make_escape, onnx_external_files
 from npuc.models.make_models import make_model
-from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from npuc.backends.dmp.artifact import load_network
 from npuc.backends.dmp.codegen import INCLUDE_DIR
 from npuc.backends.dmp.layers import ConvConf, Layer, Run, pack2, pack4

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from npuc.backends.dmp.artifact import load_network
 from npuc.backends.dmp.convert import TABLE_BYTES, input_convert, u8_table
 from npuc.compiler.artifacts import ArtifactOptions, detect

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from npuc import api
 from npuc.backends.dmp.artifact import load_network
 from npuc.compiler.interp import run

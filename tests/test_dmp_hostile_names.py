@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from npuc.backends.dmp.codegen import INCLUDE_DIR
 from onnx import TensorProto, helper, numpy_helper
+
+from npuc.backends.dmp.codegen import INCLUDE_DIR
 
 HOSTILE = [
     "conv\nint injected_a = 1; //",

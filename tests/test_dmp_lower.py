@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from npuc.backends.dmp import weights as wp
 from npuc.backends.dmp.layers import pack4
 from npuc.backends.dmp.lower import lower_graph

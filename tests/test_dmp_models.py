@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from metrics import cosine
+
 from npuc.backends.dmp.artifact import load_network
 from npuc.backends.dmp.codegen import INCLUDE_DIR
 from npuc.backends.dmp.layers import kernel_wh

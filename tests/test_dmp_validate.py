@@ -4,6 +4,7 @@ per rule, each asserting the exact message fragment, plus the unified-buffer ari
 from __future__ import annotations
 
 import pytest
+
 from npuc.backends.dmp.layers import ConvConf, Layer, Run, pack2, pack4
 from npuc.backends.dmp.ubuf import Tiles, run_tiles, single_tile_usage
 from npuc.backends.dmp.validate import Hardware, check_layer, hardware_from_options

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from npuc.backends.dmp import weights as wp
 from npuc.compiler.errors import CorruptFileError, UserError
 

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from metrics import cosine
+
 from npuc import api
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model

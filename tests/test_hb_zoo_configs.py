@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from golden import GOLDEN_ROOT
+
 from npuc.models.make_models import make_model
 
 HORIZON = GOLDEN_ROOT / "horizon"

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from npuc.compiler.errors import UserError
 from npuc.frontends.hbconfig import load_config, parse_config
 

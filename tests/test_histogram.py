@@ -7,6 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.compiler.errors import UserError
 from npuc.passes import calitable as ct
 from npuc.passes import histogram as hg

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from samples import random_samples
+
 from npuc import api
 from npuc.compiler.errors import UserError
 from npuc.compiler.targets import all_targets
 from npuc.models.make_models import make_model
-from onnx import TensorProto, helper, numpy_helper
-from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:

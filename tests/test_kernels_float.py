@@ -15,14 +15,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
 from npuc.compiler import ops as O
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels import FLOAT_KERNELS
 from npuc.compiler.kernels.activation import erf
-from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 RTOL = 1e-5
 

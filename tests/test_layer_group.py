@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
 from npuc.passes.canonicalize import canonicalize

@@ -14,6 +14,7 @@ import jsonschema
 import onnx
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.artifact import describe_tree
 from npuc.backends.lyngor.build import build_tree

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.payload import read_program, write_program

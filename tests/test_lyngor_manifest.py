@@ -18,6 +18,8 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.backends.lyngor import schemas
 from npuc.backends.lyngor.build import build_tree
 from npuc.backends.lyngor.manifest import read_tree
@@ -25,7 +27,6 @@ from npuc.backends.lyngor.sim import run_tree
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.passes.canonicalize import canonicalize
-from onnx import TensorProto, helper, numpy_helper
 
 GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"

@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine
+
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.sim import FP16_KERNELS, load_resolution
 from npuc.compiler import interp

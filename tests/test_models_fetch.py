@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from npuc.compiler.errors import UserError
 from npuc.models import fetch, images, make_models
 

@@ -14,10 +14,11 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
+
 from npuc.compiler import interp
 from npuc.frontends.onnx import import_model, opset_of
 from npuc.frontends.onnx_ops import find_converter
-from onnx import numpy_helper
 
 CLAIMED = {
     "Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Relu",

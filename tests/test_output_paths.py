@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import _exchange, atomic_write_bytes, atomic_write_tree
 from npuc.models.make_models import make_model

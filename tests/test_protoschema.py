@@ -6,6 +6,7 @@ import math
 
 import pytest
 from google.protobuf import descriptor_pb2, text_format
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.protoschema import load_proto, load_proto_text, parse_proto, tokenize
 

@@ -15,6 +15,8 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.backends.bm1880.build import build as build_bmodel
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
@@ -52,7 +54,6 @@ from npuc.passes.qdq import (
 from npuc.passes.qdq_bm1880 import lower_for_export
 from npuc.passes.qdq_exact import ExactBuilder
 from npuc.passes.quantize import ThresholdMap, quantize
-from onnx import TensorProto, helper, numpy_helper
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from samples import random_samples
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.stats import int8_flops_share
 from npuc.frontends.onnx import import_onnx
 from npuc.models.make_models import make_model
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.qtable import beside, format_qtable, read_qtable, write_qtable
-from samples import random_samples
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:
@@ -128,8 +129,9 @@ def test_target_cos_needs_held_out_samples(calibrated, tmp_path: Path) -> None: 
 def test_target_cos_is_on_by_default_on_the_report_samples(tmp_path: Path) -> None:
     """`--method auto` with 10+ samples: --target-cos 0.99 runs on the samples set apart for the report (no
     other split); `--target-cos 0` turns it off; with fewer samples it says why it did not run."""
-    import npuc
     from golden import GOLDEN_ROOT
+
+    import npuc
 
     model, samples = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx", GOLDEN_ROOT / "cv18xx" / "smallcnn_cali_samples"
     done = npuc.calibrate(model, [samples], tmp_path / "t.txt")
@@ -150,8 +152,9 @@ def test_target_cos_is_on_by_default_on_the_report_samples(tmp_path: Path) -> No
 def test_a_qtable_may_name_the_tensors_of_the_split_its_table_describes(tmp_path: Path) -> None:
     """With a channel split the table (and --target-cos) describe the split graph: a qtable naming a group
     tensor builds, because the build applies the side file before it resolves the qtable's names."""
-    import npuc
     from golden import GOLDEN_ROOT
+
+    import npuc
     from npuc.passes.refinement import load_refinement, side_file
 
     model = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx"

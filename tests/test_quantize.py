@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
 from metrics import cosine
+
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from npuc.compiler import interp
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model, light_zoo_models

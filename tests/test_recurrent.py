@@ -7,10 +7,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.compiler import interp
 from npuc.compiler.errors import UnsupportedError
 from npuc.frontends.onnx import import_model
-from onnx import TensorProto, helper, numpy_helper
 
 SEQ, BATCH, FEATURES, HIDDEN = 5, 2, 3, 4
 

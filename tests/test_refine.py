@@ -9,6 +9,7 @@ import copy
 
 import numpy as np
 import pytest
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.kernels import FLOAT_KERNELS

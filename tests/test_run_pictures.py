@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from npuc.models.make_models import make_model
 from npuc.passes.preprocess import InputSpec, Preprocess, load_sample
 

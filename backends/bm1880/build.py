@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError, EncodeError
+
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.protoschema import load_proto
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.compiler.errors import UnsupportedError
 from npuc.passes.layer_group import Tile
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from google.protobuf.message import DecodeError, EncodeError
+
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
 from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.protoschema import load_proto

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.passes.layer_group import SAME_ROWS, LayerGroup, Rows, RowWindow, Tile, form_groups, make_group

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError

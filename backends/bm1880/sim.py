@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.backends.cv18xx.sim_mem import GlobalMemory, LocalMemory
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 

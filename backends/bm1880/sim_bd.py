@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.backends.cv18xx.sim_mem import LocalMemory
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.passes.colorspace import nv12_to_yuv444, to_int8_128

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.interp import external_shape

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError
 
 MAX_DIMS = 8  # HB_DNN_TENSOR_MAX_DIMENSIONS

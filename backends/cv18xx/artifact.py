@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import UserError
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.codegen import Codegen
 from npuc.backends.cv18xx.container import CviModel, cpu_param_schema, model_schema, read_cvimodel, write_cvimodel

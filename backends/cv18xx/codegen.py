@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator

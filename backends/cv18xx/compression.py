@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError
 
 HEADER_BYTES = 16

@@ -13,6 +13,7 @@ from typing import Any
 
 import flatbuffers
 import numpy as np
+
 from npuc.backends.cv18xx.fbs import FbField, FbObject, FbType, Schema
 from npuc.compiler.errors import CorruptFileError
 

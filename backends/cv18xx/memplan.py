@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.backends.cv18xx.lmem import ALIGN, align
 from npuc.compiler.allocator import place_blocks
 from npuc.compiler.ir import Graph, Op

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf
 from npuc.backends.cv18xx.container import CviModel

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from npuc.backends.cv18xx.sim_libm import expf
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 

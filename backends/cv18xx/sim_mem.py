@@ -11,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError
 
 Shape = tuple[int, int, int, int]

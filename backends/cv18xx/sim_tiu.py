@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
 from npuc.compiler.kernels.quantized.bf16_conv import accumulate_products, accumulate_windows
-from numpy.lib.stride_tricks import sliding_window_view
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
 _CV183X_ALIASES = {

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.cmdbuf import tiu_op_name

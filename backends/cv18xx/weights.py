@@ -15,6 +15,7 @@ import hashlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+
 from npuc.backends.cv18xx import compression
 from npuc.backends.cv18xx.lmem import ALIGN, GTensor, align
 from npuc.passes.fixedpoint import float32_to_bf16_bits

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import CorruptFileError
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+
 from npuc.compiler.fileio import atomic_write_tree
 
 from .layers import ACT_NAMES, CONV_FIELDS, RUN_FIELDS, Field, Layer, Network, kernel_wh, network_to_dict, unpack2

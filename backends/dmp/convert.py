@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 
 TABLE_CHANNELS = 3

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler import coverage
 from npuc.compiler.allocator import place_blocks
 from npuc.compiler.coverage import per_op

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 

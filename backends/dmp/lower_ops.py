@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 from npuc.compiler.ops import Activation

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.kernels.activation import apply_activation
 from npuc.compiler.kernels.conv import conv2d_nchw, pad_hw, windows

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError, UserError
 
 PANEL_ROWS, PANEL_COLS = 12, 6

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.ir import Graph

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jinja2
 import onnx
+
 from npuc.compiler import interp
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_tree

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError, UserError
 
 from .fields import (

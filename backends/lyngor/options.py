@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph
 

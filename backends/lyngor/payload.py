@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler.errors import CorruptFileError
 
 PROG_MAGIC = b"NPUCLYNP"

@@ -19,6 +19,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.ir import Graph

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler import interp
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.ir import Graph, Op

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
 from npuc.compiler.errors import UserError
 
 

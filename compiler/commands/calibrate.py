@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+
 from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, preprocess
 from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_BUDGET, DEFAULT_MAX_FLOAT_LAYERS
-from typer.core import TyperGroup
 
 DEFAULT_COMMAND = "run"
 HELP_FLAGS = ("--help", "-h")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+
 from npuc.compiler.errors import UserError
 
 if TYPE_CHECKING:

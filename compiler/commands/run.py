@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+
 from npuc.compiler.errors import UserError
 
 from .options import Color, Layout, Mean, Resize, Scale, preprocess
 
 if TYPE_CHECKING:  # numpy and the artifact registry load when a command runs, not for --help
     import numpy as np
+
     from npuc.compiler.artifacts import TensorSpec
 
 
@@ -31,6 +33,7 @@ def _feeds_from_file(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarra
 def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, np.ndarray]:  # noqa: ANN001
     """A picture prepared as calibrate prepares it (the same --mean/--scale/--color/--resize/--layout)."""
     import numpy as np
+
     from npuc.passes.preprocess import InputSpec, load_sample
 
     inputs = [InputSpec(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in specs]
@@ -94,6 +97,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes)."""
         import numpy as np
+
         from npuc.compiler.artifacts import ArtifactOptions, detect
         from npuc.compiler.fileio import save_npz
         from npuc.frontends.onnx import parse_input_shapes

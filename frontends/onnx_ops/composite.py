@@ -10,6 +10,7 @@ import math
 import string
 
 import numpy as np
+
 from npuc.compiler import ops
 
 from .registry import ConvertContext, converter

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
+
 from npuc.compiler.errors import UnsupportedError
 from npuc.compiler.ir import Graph, Op
-from onnx import helper, numpy_helper
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from npuc.compiler import ops
 from onnx import helper, numpy_helper
+
+from npuc.compiler import ops
 
 from .registry import ConvertContext, converter
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph

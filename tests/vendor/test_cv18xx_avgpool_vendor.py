@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
@@ -34,7 +36,6 @@ from npuc.models.netbuilder import NetBuilder
 from npuc.passes.calibrate import tensor_table_names
 from npuc.passes.calitable import read_table
 from npuc.passes.quantize import quantize
-from onnx import TensorProto, helper
 
 from .cv18xx_build_util import build, calibrated, float_graph, generated_model, quantized_reference, random_feeds
 from .cv18xx_sim import run_vendor

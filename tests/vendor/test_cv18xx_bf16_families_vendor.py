@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
@@ -42,7 +44,6 @@ from npuc.compiler.targets import BuildRequest
 from npuc.models.make_models import make_model
 from npuc.passes.fixedpoint import round_to_bf16
 from npuc.passes.quantize import ThresholdMap, quantize
-from onnx import TensorProto, helper, numpy_helper
 
 from .cv18xx_build_util import float_graph, random_feeds
 from .cv18xx_sim import run_vendor

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import pytest
 from golden import GOLDEN_ROOT
+from onnx import TensorProto, helper
+
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import read_cvimodel
@@ -30,7 +32,6 @@ from npuc.compiler.kernels.quantized.bf16_lut import slope_lookup, slope_table
 from npuc.passes.calitable import read_table
 from npuc.passes.fixedpoint import float32_to_bf16_bits, round_to_bf16
 from npuc.passes.quantize import quantize
-from onnx import TensorProto, helper
 
 from .cv18xx_build_util import build, float_graph, generated_model, random_feeds
 from .cv18xx_sim import run_vendor

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
+
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.compiler.cli import main as cli_main
@@ -19,7 +21,6 @@ from npuc.models.netbuilder import NetBuilder
 from npuc.passes.calitable import read_table
 from npuc.passes.quantize import quantize
 from npuc.passes.refinement import apply_refinement, load_refinement, side_file
-from onnx import numpy_helper
 
 from .cv18xx_build_util import float_graph
 from .cv18xx_sim import run_vendor

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.compiler.targets import BuildRequest
-from onnx import TensorProto, helper, numpy_helper
 
 from .cv18xx_build_util import calibrated, float_graph, generated_model, random_feeds
 from .cv18xx_sim import run_vendor

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 import pytest
 from metrics import cosine
+from onnx import TensorProto, helper, numpy_helper
+
 from npuc.backends.cv18xx import isa, tiu
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import chip_spec
@@ -38,7 +40,6 @@ from npuc.compiler.targets import BuildRequest
 from npuc.models.make_models import make_model
 from npuc.passes.calitable import read_table
 from npuc.passes.quantize import quantize
-from onnx import TensorProto, helper, numpy_helper
 
 from .cv18xx_build_util import build, calibrated, float_graph, generated_model, quantized_reference, random_feeds
 from .cv18xx_sim import run_vendor

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name

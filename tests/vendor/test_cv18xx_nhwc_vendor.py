@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.make_models import make_model

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
+
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import DTYPES, run_cvimodel
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.races import find_races

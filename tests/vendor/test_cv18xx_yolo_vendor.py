@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from metrics import box_iou, cosine, yolo_detections
+
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.images import model_inputs

@@ -9,6 +9,7 @@ min against its int8 bound.
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, op_where, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline, stream_rows

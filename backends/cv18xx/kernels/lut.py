@@ -20,6 +20,7 @@ its input stays in a fourth tile for a last Y = x * Y.
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.codegen import Codegen, quant_of

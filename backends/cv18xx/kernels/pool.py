@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from npuc.backends.cv18xx import tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, stream_rows

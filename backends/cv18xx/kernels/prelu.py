@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, kernel, no_kernel, quant_of, to4d
 from npuc.backends.cv18xx.kernels.elementwise import _part, tiles

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, no_kernel, quant_of
 from npuc.backends.cv18xx.kernels.elementwise import ELTWISE_KERNELS, _part, clamp, operands, tiles

@@ -9,6 +9,7 @@ the bf16 of 127/threshold and lets the store's TDMA convert, rounding half to ev
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, kernel, no_kernel, quant_of, to4d
 from npuc.backends.cv18xx.kernels.elementwise import _part, tiles

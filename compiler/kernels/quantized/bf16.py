@@ -14,6 +14,7 @@ accumulation is not modelled (float math).
 from __future__ import annotations
 
 import numpy as np
+
 from npuc.passes.fixedpoint import round_to_bf16
 
 from ...ir import Op

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.passes.fixedpoint import round_to_bf16
 
 from ...ops import Activation

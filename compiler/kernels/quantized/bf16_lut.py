@@ -30,6 +30,7 @@ from functools import cache
 from types import MappingProxyType
 
 import numpy as np
+
 from npuc.compiler.kernels.activation import erf
 from npuc.compiler.ops import Activation
 from npuc.passes.fixedpoint import round_to_bf16

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
 from npuc.passes.fixedpoint import (
     bf16_bits_to_float32,
     cv18xx_quantize_activation,
