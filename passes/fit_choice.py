@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,10 +79,10 @@ def output_score(agreement: Agreement) -> float:
     return float(np.mean(agreement.sample_cosines)) + agreement.cosine
 
 
-def fit_sample_count(plan_graph_cost: float, available: int, budget: float) -> int:
+def fit_sample_count(seconds_per_run: float, available: int, budget: float) -> int:
     """How many samples the fit may use within `budget` seconds (at most `available`, capped by the
     refinement's batch)."""
-    per_sample = FIT_REFERENCE_RUNS * plan_graph_cost
+    per_sample = FIT_REFERENCE_RUNS * seconds_per_run
     affordable = int(budget / per_sample) if per_sample > 0 else available
     return min(available, affordable, FIT_OPTIONS.refine_samples)
 
@@ -112,8 +112,7 @@ def choose_fitted(
             reason = (f"{len(fit_feeds)} samples to fit, {count} within --budget {budget:g} s; it needs "
                       f"{FIT_MIN_SAMPLES} (give more samples or a larger --budget)")  # fmt: skip
             return FitChoice(False, plain_score, None, count, len(judge_feeds), reason)
-        options = CalibrationOptions(method="kl", tune=FIT_OPTIONS.tune, refine=FIT_OPTIONS.refine,
-                                     split_channels=FIT_OPTIONS.split_channels, refine_samples=count)  # fmt: skip
+        options = replace(FIT_OPTIONS, refine_samples=count)
         try:
             fitted, refit, groupings = fit_to_samples(plan, table, fit_feeds[:count], options)
             refinement = Refinement(refit.constants if refit is not None else {}, groupings)
