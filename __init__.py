@@ -5,7 +5,8 @@ The Python API (api.py) is available from the package: `npuc.build`, `npuc.inspe
 raises `npuc.UserError`. It is imported on first use, so `import npuc` stays cheap.
 """
 
-__version__ = "0.1.0"
+from npuc.compiler.version import VERSION as __version__
+
 __all__ = ["UserError", "__version__", "build", "calibrate", "check", "inspect", "merge_calibration", "run"]
 
 

@@ -38,13 +38,15 @@ def build(
     config: str | Path | None = None,
     depfile: str | Path | None = None,
     qtable: str | Path | None = None,
+    recalibrate: bool = False,
 ) -> BuildResult:
     """Compile `model` for `target` (see `npuc targets`) and write the artifact atomically.
 
     `input_shapes`: "NAME:D0,D1,..." strings (an input named again starts another resolution) or {name: dims};
     `options`: the target's option keys (`name`, `float_layers`, ...; `npuc targets` lists them); `config`: an
     hb_mapper YAML (model, inputs, calibration data); `depfile`: also write a Makefile dependency line;
-    `qtable`: a tpu-mlir qtable whose BF16 layers stay bf16 (default: `<calib>.qtable` when that file exists).
+    `qtable`: a tpu-mlir qtable whose BF16 layers stay bf16 (default: `<calib>.qtable` when that file exists);
+    `recalibrate`: with `config`, calibrate again even when the table in working_dir is up to date.
     The result's `notes` are what the CLI prints as `note:` lines."""
     from npuc.compiler.interp import external_shape
     from npuc.compiler.targets import BuildRequest, check_request, get_target
@@ -61,6 +63,8 @@ def build(
         shapes = shapes or [f"{n}:{','.join(map(str, s))}" for n, s in hb.input_shapes().items()]
     if model is None or target is None:
         raise UserError("give MODEL and --target T, or --config YAML (which names the model)")
+    if recalibrate and hb is None:
+        raise UserError("--recalibrate applies to --config builds (they calibrate from cal_data_dir); add --config")
     model, calib = Path(model), Path(calib) if calib is not None else None
     chosen = get_target(target)
     if chosen.build is None:
@@ -77,7 +81,7 @@ def build(
     canonicalize(graph)
     if hb is not None:
         hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
-        output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib)
+        output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib, recalibrate)
     if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: the split and refitted weights
         graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
         notes.append(f"refined constants from {side_file(calib)}")
@@ -515,10 +519,13 @@ def _apply_config(
     notes: list[str],
     output: str | Path | None,
     calib: Path | None,
+    recalibrate: bool = False,
 ) -> tuple[Path, Path | None]:
-    """Fill what the request left open from the config: name, output, inputs, calibration table."""
-    from npuc.frontends.hbcalib import calibrate_config
-    from npuc.passes.calitable import write_table
+    """Fill what the request left open from the config: name, output, inputs, calibration table (the one in
+    working_dir is reused while the model, samples, preprocessing and method it records are unchanged, unless
+    `recalibrate`)."""
+    from npuc.frontends.hbcalib import calibrate_config, calibration_inputs
+    from npuc.passes.calitable import read_table, write_table
 
     options.setdefault("name", hb.output_prefix)
     options.setdefault("march", hb.march)
@@ -528,6 +535,16 @@ def _apply_config(
         hb.working_dir.mkdir(parents=True, exist_ok=True)
     if calib is None and hb.cal_data_dir is not None:
         calib = hb.working_dir / f"{hb.output_prefix}_cali_table.txt"
-        write_table(calibrate_config(hb, model), calib)
-        notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
+        inputs = calibration_inputs(hb, model)
+        try:
+            recorded = read_table(calib).inputs if calib.is_file() and not recalibrate else None
+        except UserError:  # a damaged table of an earlier run is made again
+            recorded = None
+        if recorded == inputs:
+            notes.append(f"reused {calib}: same model, samples, preprocessing and method (--recalibrate redoes it)")
+        else:
+            table = calibrate_config(hb, model)
+            table.inputs = inputs
+            write_table(table, calib)
+            notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
     return Path(output) if output is not None else hb.working_dir / f"{hb.output_prefix}_{target}", calib

@@ -4,6 +4,7 @@ the float model on them, so the thresholds are those of what the BPU input reall
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -101,3 +102,32 @@ def calibrate_config(config: HbConfig, model: Path, limit: int | None = None) ->
             np.save(Path(tmp) / f"{i:06d}.npy", _sample_to_input(path, spec, config.cal_data_type))
         options = CalibrationOptions(method=method, percentile=percentile)
         return calibrate(model, [tmp], options=options, input_shapes={spec.name: spec.shape}).table
+
+
+def calibration_inputs(config: HbConfig, model: Path) -> str:
+    """A digest of everything a config's calibration reads (config must be bound): npuc's version, the model and
+    its external data, every sample file's name and bytes, the input's preprocessing and the method. A table
+    that records the same digest is the table calibration would write again."""
+    from npuc.compiler.depfile import onnx_external_files
+    from npuc.compiler.version import VERSION
+
+    digest = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        digest.update(f"{label}:{len(data)}:".encode() + data)
+
+    def add_file(label: str, path: Path) -> None:
+        file_digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                file_digest.update(chunk)
+        add(label, file_digest.digest())
+
+    add("npuc", VERSION.encode())
+    for path in [model, *onnx_external_files(model)]:
+        add_file("model", path)
+    add("settings", repr((config.inputs, config.calib_method, config.cal_data_type)).encode())
+    for path in _sample_files(config, None):
+        add("sample", path.name.encode())
+        add_file("bytes", path)
+    return f"sha256:{digest.hexdigest()}"

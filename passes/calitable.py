@@ -72,6 +72,7 @@ class CalibrationTable:
     tune_number: int | None = None
     method: str | None = None
     preprocess: str | None = None  # Preprocess.spec() of pictures calibrated on (npuc's line; tpu-mlir skips it)
+    inputs: str | None = None  # digest of what made the table (model, samples, settings): `build --config` reuses it
     mlir_version: str = "npuc cali version 1.0"
     mlir_file: str = ""
     generated_time: str | None = None  # None: SOURCE_DATE_EPOCH or FIXED_TIME when written
@@ -106,6 +107,7 @@ _HEADER_FIELDS: tuple[tuple[str, str, Callable[[str], object], Callable[[object]
     ("sample number", "sample_number", _parse_int, str),
     ("tune number", "tune_number", _parse_int, str),
     ("preprocess", "preprocess", str, str),
+    ("inputs", "inputs", str, str),
 )
 _FIELD_BY_KEY = MappingProxyType({key: (attr, parse, render) for key, attr, parse, render in _HEADER_FIELDS})
 
@@ -139,6 +141,8 @@ def _standard_header(table: CalibrationTable) -> list[str]:
         lines.append(f"# sample number: {table.sample_number}")
     if table.preprocess is not None:
         lines.append(f"# preprocess: {table.preprocess}")
+    if table.inputs is not None:
+        lines.append(f"# inputs: {table.inputs}")
     lines.append("###")
     if table.tune_number is not None:
         lines += [f"# tune number: {table.tune_number}", "###"]

@@ -65,8 +65,14 @@ def test_api_inspect_and_run(model: Path, tmp_path: Path) -> None:
 
 
 def test_version_and_lazy_import() -> None:
+    import tomllib
+
+    import npuc
+
     run = _cli("--version")
-    assert run.returncode == 0 and run.stdout.startswith("npuc ")
+    assert run.returncode == 0 and run.stdout.strip() == f"npuc {npuc.__version__}"
+    project = tomllib.loads((Path(npuc.__file__).parent / "pyproject.toml").read_text())["project"]
+    assert project["version"] == npuc.__version__  # one version: compiler/version.py mirrors the package's
     probe = "import sys, npuc; print('npuc.api' in sys.modules, 'onnx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]  # `import npuc` loads nothing heavy until the API is used

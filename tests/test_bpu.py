@@ -294,6 +294,35 @@ def test_yaml_config_builds_for_bpu(pplcnet_build, capsys):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
 
 
+def test_config_build_reuses_its_table_until_an_input_changes(pplcnet_build, tmp_path, capsys):
+    """The table in working_dir records what made it: a build with the same model, samples, preprocessing and
+    method reuses it; --recalibrate or a changed sample calibrates again; --recalibrate needs --config."""
+    import shutil
+
+    root, _ = pplcnet_build
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("pplcnet_bpu"))
+    config, table = copy / "pplcnet.yaml", copy / "model_output" / "pplcnet_cali_table.txt"
+    made = table.read_bytes()
+    assert read_table(table).inputs.startswith("sha256:")
+
+    def build(*extra: str) -> str:
+        capsys.readouterr()
+        cli(["build", "--config", str(config), "--target", "bpu", *extra])
+        return capsys.readouterr().out
+
+    assert f"note: reused {table}" in build() and table.read_bytes() == made
+    assert "note: calibrated on" in build("--recalibrate") and table.read_bytes() == made  # the same bytes again
+    sample = copy / "cal" / "0.npy"
+    np.save(sample, np.load(sample)[..., ::-1].copy())  # a changed sample
+    assert "note: calibrated on" in build()
+    assert read_table(table).inputs != read_table(root / "model_output" / table.name).inputs
+    assert f"note: reused {table}" in build()
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(config), "--target", "bpu", "--recalibrate"])
+    assert info.value.code == 2 and "--recalibrate applies to --config builds" in capsys.readouterr().err
+
+
 def test_contract_header_compiles(pplcnet_build, tmp_path):
     root, _ = pplcnet_build
     header = root / "model_output" / "pplcnet_bpu" / "pplcnet_hbdnn_contract.h"

@@ -68,6 +68,9 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Option(
             None, "--config", help="hb_mapper-style YAML: model, inputs, preprocessing, calibration data."
         ),
+        recalibrate: bool = typer.Option(
+            False, "--recalibrate", help="With --config: calibrate again even if the table in working_dir is current."
+        ),
     ) -> None:
         """Compile MODEL for a target and write the artifact atomically."""
         options: dict[str, Any] = dict(_parse_option(o) for o in option)
@@ -97,7 +100,7 @@ def register(app: typer.Typer) -> None:
 
         result = api.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
                            input_shapes=input_shape, options=options, config=config, depfile=depfile,
-                           qtable=qtable)  # fmt: skip
+                           qtable=qtable, recalibrate=recalibrate)  # fmt: skip
         chosen = result.target
         if as_json:
             summary = {"target": chosen, "artifacts": [str(a) for a in result.artifacts], **result.summary}
