@@ -1,6 +1,6 @@
-"""YOLOv8 on the DV700: SiLU as a CPU custom layer, channel splits as views of the WHC8 layout and the 5x5
-SPPF max pools as cascades; small graphs built through the target, run from the written folder and compared
-with the float interpreter."""
+"""YOLOv8 on the DV700: SiLU as a CPU custom layer, channel splits as views of the WHC8 layout, the 5x5
+SPPF max pools as cascades, and the detection head's decode on the host; small graphs built through the
+target, run from the written folder and compared with the float interpreter."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ from npuc.compiler.ops import (
     Conv2d,
     Eltwise,
     Pool2d,
+    Reshape,
     Slice,
+    Softmax,
     Split,
+    Transpose,
 )
 from npuc.compiler.targets import BuildRequest, BuildResult, get_target
 
@@ -153,3 +156,81 @@ def test_sppf_max_pools_are_3x3_cascades(tmp_path: Path) -> None:
     pools = [layer for layer in net.layers if layer.conv and layer.conv.runs[0].pool_enable == 1]
     assert [len(layer.conv.runs) for layer in pools] == [2, 2]
     assert all(r.pool_size == 0x303 and r.pool_pad == 0x01010101 for layer in pools for r in layer.conv.runs)
+
+
+def _head(g: Graph, levels: list[tuple[str, int]], reg_max: int, classes: int, centre: float = 0.5) -> None:
+    """Ultralytics' Detect head on (feature, stride) levels, with its exported decode: per level a box conv
+    (4·reg_max) and a class conv concatenated, reshaped to 1xCx(H·W) and concatenated along the anchors; then
+    split, DFL (softmax over the bins, 1x1 conv with weights 0..reg_max-1), dist2bbox and the stride."""
+    rows, centres, strides = [], [], []
+    for i, (feature, stride) in enumerate(levels):
+        _, _, h, w = g.shape(feature)
+        _conv_silu(g, feature, f"box{i}", 4 * reg_max, 1, 20 + i)
+        _conv_silu(g, feature, f"cls{i}", classes, 1, 30 + i)
+        g.add_op("concat", [f"box{i}", f"cls{i}"], [f"lvl{i}"], Concat(1))
+        g.add_op("reshape", [f"lvl{i}"], [f"rows{i}"], Reshape((1, 4 * reg_max + classes, h * w)))
+        rows.append(f"rows{i}")
+        ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        centres.append(np.stack([xs.ravel(), ys.ravel()]) + centre)
+        strides.append(np.full(h * w, stride))
+    n = sum(c.shape[1] for c in centres)
+    g.add_op("concat", rows, ["cat"], Concat(2))
+    g.add_op("split", ["cat"], ["dist", "logits"], Split(1, (4 * reg_max, classes)))
+    g.add_op("reshape", ["dist"], ["d4"], Reshape((1, 4, reg_max, n)))
+    g.add_op("transpose", ["d4"], ["dt"], Transpose((0, 2, 1, 3)))
+    g.add_op("softmax", ["dt"], ["p"], Softmax(1))
+    g.add_const("bins", np.arange(reg_max, dtype=np.float32).reshape(1, reg_max, 1, 1))
+    g.add_op("conv2d", ["p", "bins"], ["e"], Conv2d())
+    g.add_op("reshape", ["e"], ["d"], Reshape((1, 4, n)))
+    g.add_op("slice", ["d"], ["lt"], Slice((0,), (2,), (1,), (1,)))
+    g.add_op("slice", ["d"], ["rb"], Slice((2,), (4,), (1,), (1,)))
+    g.add_const("anchors", np.concatenate(centres, axis=1)[None].astype(np.float32))
+    g.add_op("eltwise", ["anchors", "lt"], ["x1y1"], Eltwise("sub"))
+    g.add_op("eltwise", ["anchors", "rb"], ["x2y2"], Eltwise("add"))
+    g.add_op("eltwise", ["x1y1", "x2y2"], ["sum"], Eltwise("add"))
+    g.add_op("eltwise", ["x2y2", "x1y1"], ["wh"], Eltwise("sub"))
+    g.add_const("half", np.array(0.5, np.float32))
+    g.add_op("eltwise", ["sum", "half"], ["cxy"], Eltwise("mul"))
+    g.add_op("concat", ["cxy", "wh"], ["box"], Concat(1))
+    g.add_const("strides", np.concatenate(strides)[None].astype(np.float32))
+    g.add_op("eltwise", ["box", "strides"], ["scaled"], Eltwise("mul"))
+    g.add_op("activation", ["logits"], ["scores"], ActivationOp(Activation("sigmoid")))
+    g.add_op("concat", ["scaled", "scores"], ["y"], Concat(1))
+    g.outputs = ["y"]
+
+
+def _two_level_net(centre: float = 0.5) -> Graph:
+    g = Graph("t")
+    _input(g, 3, 32, 32)
+    _conv_silu(g, "x", "p3", 16, 3, 0)  # stand-ins for the backbone: stride 1 here, the head's strides below
+    g.add_op("pool2d", ["p3"], ["p3s"], Pool2d("max", (2, 2), (2, 2)))
+    g.add_op("pool2d", ["p3s"], ["p3d"], Pool2d("max", (2, 2), (2, 2)))
+    g.add_op("pool2d", ["p3d"], ["f8"], Pool2d("max", (2, 2), (2, 2)))
+    g.add_op("pool2d", ["f8"], ["f16"], Pool2d("max", (2, 2), (2, 2)))
+    _head(g, [("f8", 8), ("f16", 16)], reg_max=4, classes=3, centre=centre)
+    return g
+
+
+def test_head_decode_is_one_counted_cpu_layer(tmp_path: Path) -> None:
+    g = _two_level_net()
+    result = _build_run(g, tmp_path, threshold=0.9999)
+    net, _ = load_network(tmp_path / "fp16")
+    decode = net.layers[-1]
+    assert (decode.type, decode.custom_type, decode.is_f32_output) == ("LT_CUSTOM", "yolo_decode", True)
+    assert decode.ops[0] == "cat" and "y" in decode.ops and len(decode.ops) == 18
+    assert {k: decode.custom_params[k] for k in ("reg_max", "levels", "w0", "h0", "stride0", "w1", "stride1")} == {
+        "reg_max": 4.0, "levels": 2.0, "w0": 4.0, "h0": 4.0, "stride0": 8.0, "w1": 2.0, "stride1": 16.0,
+    }  # fmt: skip
+    levels = [layer for layer in net.layers if layer.type == "LT_CONCAT"]
+    assert [decode.custom_params[f"level{k}_offs"] for k in (0, 1)] == [lvl.output_offs for lvl in levels]
+    assert decode.input_offs == levels[0].output_offs
+    assert result.summary["cpu_layers"] == 1 + sum(layer.custom_type == "silu" for layer in net.layers)
+    header = (tmp_path / "fp16" / "t_gen.h").read_text()
+    assert "struct custom_param_yolo_decode {\n  float reg_max;\n  float levels;\n  float w0;" in header
+    assert "  size_t level0_offs;\n  size_t level1_offs;\n};" in header
+
+
+def test_a_decode_that_is_not_yolov8s_is_refused_by_name(tmp_path: Path) -> None:
+    g = _two_level_net(centre=0.25)  # anchors off the cell centres: not what yolo_decode computes
+    with pytest.raises(UserError, match=r"the ops after concat 'cat' \(cat, dist, d4, dt, p, e, .*, y\) are not"):
+        get_target("dmp").build(BuildRequest(g, Path("t.onnx"), tmp_path / "o"))

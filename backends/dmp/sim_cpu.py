@@ -12,6 +12,7 @@ from npuc.compiler.kernels.activation import apply_activation
 from npuc.compiler.kernels.elementwise import softmax
 from npuc.compiler.ops import Activation
 
+from .decode import yolo_decode
 from .layers import Layer, Network
 from .layout import whc8_encode
 from .sim_memory import Memory, f16
@@ -63,6 +64,24 @@ def _channel_mul(layer: Layer, mem: Memory) -> None:
     mem.write(layer.output_offs, whc8_encode(y) if layer.is_input_hw_layout else y.reshape(-1))
 
 
+def _yolo_decode(layer: Layer, mem: Memory) -> None:
+    """The head outputs of every level (WHC8 fp16 at level<k>_offs) decoded into (4 + classes, N) fp32."""
+    p = layer.custom_params
+    levels = [(int(p[f"w{k}"]), int(p[f"h{k}"]), int(p[f"stride{k}"])) for k in range(int(p["levels"]))]
+    c = _dims3(layer)[2]
+    rows = []
+    for k, (w, h, _) in enumerate(levels):
+        offs = p[f"level{k}_offs"]
+        if not isinstance(offs, int):
+            raise CorruptFileError(f"yolo_decode '{layer.name}' has no integer level{k}_offs parameter")
+        hwc = mem.read_hwc(offs, (w, h, c), True).astype(np.float32)
+        rows.append(hwc.reshape(h * w, c).T)
+    out = yolo_decode(np.concatenate(rows, axis=1), levels, int(p["reg_max"]))
+    if out.size != int(np.prod(layer.output_dim)):
+        raise CorruptFileError(f"yolo_decode '{layer.name}' makes {out.size} values, not {layer.output_dim}")
+    mem.write(layer.output_offs, out.reshape(-1))
+
+
 CUSTOM_LAYERS: dict[str, Callable[[Layer, Memory], None]] = {
     "hard_swish": _elementwise(lambda x, p: apply_activation(x, Activation("hard_swish"))),
     "hard_sigmoid": _elementwise(
@@ -72,6 +91,7 @@ CUSTOM_LAYERS: dict[str, Callable[[Layer, Memory], None]] = {
     "gelu": _elementwise(lambda x, p: apply_activation(x, Activation("gelu"))),
     "erf": _elementwise(lambda x, p: apply_activation(x, Activation("erf"))),
     "channel_mul": _channel_mul,
+    "yolo_decode": _yolo_decode,
 }
 
 

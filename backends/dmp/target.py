@@ -104,7 +104,8 @@ register_target(
         artifact="folder: <NET>_gen.h/.cpp (C<NET> : CDMP_Network), <NET>_weights.bin, <NET>_layers.json",
         status="builds conv/depthwise/dilated/deconv/pool/add/FC/softmax/concat networks (branches into a concat "
         "as one multi-run layer; channel splits as views of the WHC8 layout; CPU custom layers for SiLU, "
-        "hard-swish, hard-sigmoid and channel mul, counted in the build notes) into compilable C++ "
+        "hard-swish, hard-sigmoid, channel mul and the YOLOv8 DFL decode, counted in the build notes) into "
+        "compilable C++ "
         "and vendor-packed fp16 or 8-bit LUT weights, with the u8→fp16 input convert policies, every command "
         "checked against the driver's rules (unified buffer included); runs in npuc's fp16 simulator; LRN not "
         "lowered; not checked on DV700 hardware",
