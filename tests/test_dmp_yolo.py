@@ -36,13 +36,15 @@ def _input(g: Graph, c: int, h: int, w: int) -> None:
     g.inputs = ["x"]
 
 
-def _conv_silu(g: Graph, src: str, dst: str, m: int, k: int, seed: int) -> None:
-    """conv → sigmoid → mul, as Ultralytics exports its Conv blocks."""
+def _conv_silu(g: Graph, src: str, dst: str, m: int, k: int, seed: int, silu: bool = True) -> None:
+    """conv → sigmoid → mul, as Ultralytics exports its Conv blocks (silu False: the conv alone)."""
     rng = np.random.default_rng(seed)
     c = g.shape(src)[1]
     g.add_const(f"{dst}_w", (rng.standard_normal((m, c, k, k)) * 0.3).astype(np.float32))
     g.add_const(f"{dst}_b", (rng.standard_normal(m) * 0.1).astype(np.float32))
-    g.add_op("conv2d", [src, f"{dst}_w", f"{dst}_b"], [f"{dst}_c"], Conv2d(pads=(k // 2,) * 4))
+    g.add_op("conv2d", [src, f"{dst}_w", f"{dst}_b"], [f"{dst}_c" if silu else dst], Conv2d(pads=(k // 2,) * 4))
+    if not silu:
+        return
     g.add_op("activation", [f"{dst}_c"], [f"{dst}_s"], ActivationOp(Activation("sigmoid")))
     g.add_op("eltwise", [f"{dst}_c", f"{dst}_s"], [dst], Eltwise("mul"))
 
@@ -159,14 +161,14 @@ def test_sppf_max_pools_are_3x3_cascades(tmp_path: Path) -> None:
 
 
 def _head(g: Graph, levels: list[tuple[str, int]], reg_max: int, classes: int, centre: float = 0.5) -> None:
-    """Ultralytics' Detect head on (feature, stride) levels, with its exported decode: per level a box conv
-    (4·reg_max) and a class conv concatenated, reshaped to 1xCx(H·W) and concatenated along the anchors; then
+    """Ultralytics' Detect head on (feature, stride) levels, with its exported decode: per level a plain box
+    conv (4·reg_max) and a plain class conv concatenated, reshaped to 1xCx(H·W) and concatenated along the anchors; then
     split, DFL (softmax over the bins, 1x1 conv with weights 0..reg_max-1), dist2bbox and the stride."""
     rows, centres, strides = [], [], []
     for i, (feature, stride) in enumerate(levels):
         _, _, h, w = g.shape(feature)
-        _conv_silu(g, feature, f"box{i}", 4 * reg_max, 1, 20 + i)
-        _conv_silu(g, feature, f"cls{i}", classes, 1, 30 + i)
+        _conv_silu(g, feature, f"box{i}", 4 * reg_max, 1, 20 + i, silu=False)
+        _conv_silu(g, feature, f"cls{i}", classes, 1, 30 + i, silu=False)
         g.add_op("concat", [f"box{i}", f"cls{i}"], [f"lvl{i}"], Concat(1))
         g.add_op("reshape", [f"lvl{i}"], [f"rows{i}"], Reshape((1, 4 * reg_max + classes, h * w)))
         rows.append(f"rows{i}")
@@ -225,6 +227,9 @@ def test_head_decode_is_one_counted_cpu_layer(tmp_path: Path) -> None:
     assert [decode.custom_params[f"level{k}_offs"] for k in (0, 1)] == [lvl.output_offs for lvl in levels]
     assert decode.input_offs == levels[0].output_offs
     assert result.summary["cpu_layers"] == 1 + sum(layer.custom_type == "silu" for layer in net.layers)
+    # the class scores' sigmoid runs on the DV700, as the class convs' activation
+    assert decode.custom_params["sigmoid"] == 0.0
+    assert [layer.conv.runs[0].actfunc for layer in net.layers if layer.name.startswith("cls")] == [3, 3]
     header = (tmp_path / "fp16" / "t_gen.h").read_text()
     assert "struct custom_param_yolo_decode {\n  float reg_max;\n  float levels;\n  float w0;" in header
     assert "  size_t level0_offs;\n  size_t level1_offs;\n};" in header
@@ -234,3 +239,12 @@ def test_a_decode_that_is_not_yolov8s_is_refused_by_name(tmp_path: Path) -> None
     g = _two_level_net(centre=0.25)  # anchors off the cell centres: not what yolo_decode computes
     with pytest.raises(UserError, match=r"the ops after concat 'cat' \(cat, dist, d4, dt, p, e, .*, y\) are not"):
         get_target("dmp").build(BuildRequest(g, Path("t.onnx"), tmp_path / "o"))
+
+
+def test_class_scores_read_elsewhere_keep_their_sigmoid_on_the_host(tmp_path: Path) -> None:
+    g = _two_level_net()
+    g.outputs.append("cls0")  # the raw class logits are wanted too: the class conv must not apply the sigmoid
+    _build_run(g, tmp_path, threshold=0.9999)
+    net, _ = load_network(tmp_path / "fp16")
+    assert net.layers[-1].custom_params["sigmoid"] == 1.0
+    assert [layer.conv.runs[0].actfunc for layer in net.layers if layer.name.startswith("cls")] == [0, 0]

@@ -22,8 +22,9 @@ def anchor_grid(levels: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndar
     return np.concatenate(centres, axis=1), np.concatenate(strides)
 
 
-def yolo_decode(x: np.ndarray, levels: list[tuple[int, int, int]], reg_max: int) -> np.ndarray:
-    """(4 + classes, N) boxes and scores from the (4·reg_max + classes, N) head output, in float32."""
+def yolo_decode(x: np.ndarray, levels: list[tuple[int, int, int]], reg_max: int, sigmoid: bool = True) -> np.ndarray:
+    """(4 + classes, N) boxes and scores from the (4·reg_max + classes, N) head output, in float32; `sigmoid`
+    False: the class rows already hold scores (the DV700 applied the sigmoid)."""
     x = np.asarray(x, np.float32)
     n = x.shape[1]
     bins = softmax(x[: 4 * reg_max].reshape(4, reg_max, n), 1)
@@ -31,5 +32,5 @@ def yolo_decode(x: np.ndarray, levels: list[tuple[int, int, int]], reg_max: int)
     centre, stride = anchor_grid(levels)
     top_left, bottom_right = centre - dist[:2], centre + dist[2:]
     box = np.concatenate([(top_left + bottom_right) / 2, bottom_right - top_left]) * stride
-    scores = apply_activation(x[4 * reg_max :], Activation("sigmoid"))
+    scores = apply_activation(x[4 * reg_max :], Activation("sigmoid")) if sigmoid else x[4 * reg_max :]
     return np.concatenate([box, scores]).astype(np.float32)

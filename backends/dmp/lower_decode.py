@@ -1,7 +1,8 @@
 """A detection head's decode on the host: the per-level head outputs (1xCxHxW, on the DV700) reshaped to
 1xCx(H·W) and concatenated along the anchors, then everything after that concat up to the graph output, as
 one `yolo_decode` CPU custom layer. The DV700 has no exp and no tensor-by-tensor multiply (spec §1.3, §1.11),
-so the DFL softmax and the box arithmetic cannot run on it.
+so the DFL softmax and the box arithmetic cannot run on it; the class-score sigmoid can, as the class convs'
+activation.
 
 The ops after the concat are recognised by what they compute, not by their names: the float interpreter runs
 them on a seeded random head output and the result must equal `decode.yolo_decode` with the levels' geometry
@@ -16,8 +17,8 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 
 from .decode import yolo_decode
-from .layers import Layer
-from .lower_context import Lowering, Value
+from .layers import ACT_NONE, ACT_SIGMOID, Layer
+from .lower_context import Lowering, Value, set_act
 
 ROWS = "rows"  # a 1xCxHxW tensor seen as 1xCx(H·W): the same WHC8 buffer
 TOLERANCE = 1e-3  # relative to the largest decoded value: float32 reorderings stay far below it
@@ -56,6 +57,7 @@ def lower_anchor_concat(ctx: Lowering, op: Op, srcs: list[Value]) -> None:
     params: dict[str, float] = {"reg_max": float(reg_max), "levels": float(len(levels))}
     for i, (w, h, stride) in enumerate(levels):
         params |= {f"w{i}": float(w), f"h{i}": float(h), f"stride{i}": float(stride)}
+    params["sigmoid"] = 0.0 if _scores_on_dv700(ctx, srcs, k - 4) else 1.0
     layer = Layer(op.name, "LT_CUSTOM", 0, 0, 0, [], [], is_f32_output=True, custom_type="yolo_decode")
     layer.ops = [op.name] + [o.name for o in tail]
     layer.custom_params = params
@@ -63,6 +65,30 @@ def lower_anchor_concat(ctx: Lowering, op: Op, srcs: list[Value]) -> None:
     layer.output_dim = [k * n]
     ctx.consumed.update(o.name for o in tail)
     ctx.values[final] = out
+
+
+def _scores_on_dv700(ctx: Lowering, srcs: list[Value], classes: int) -> bool:
+    """Give the class-score sigmoid to the DV700 (the activation of the class convs; it commutes with the
+    reshapes and concats) when every level is a free LT_CONCAT whose last input is a one-run conv layer of
+    `classes` channels, without activation, that nothing else reads. True if it did."""
+    runs = []
+    consumers = ctx.graph.consumers()
+    for s in srcs:
+        level = ctx.layers[s.layer]
+        cls = ctx.layers[level.input_layers[-1]] if level.type == "LT_CONCAT" and level.input_layers else None
+        if cls is None or cls.conv is None or len(cls.conv.runs) != 1 or cls.output_dim[2] != classes:
+            return False
+        buf = ctx.refs[level.input_layers[-1]].output
+        names = [name for name, v in ctx.values.items() if v.buf == buf]
+        readers = {c.name for name in names for c in consumers.get(name, [])}
+        if cls.is_output or readers - set(level.ops) or any(name in ctx.graph.outputs for name in names):
+            return False
+        runs.append(cls.conv.runs[0])
+    if any(run.actfunc != ACT_NONE for run in runs):
+        return False
+    for run in runs:
+        set_act(run, ACT_SIGMOID)
+    return True
 
 
 def _tail(graph: Graph, op: Op) -> tuple[list[Op], str]:

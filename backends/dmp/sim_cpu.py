@@ -76,7 +76,7 @@ def _yolo_decode(layer: Layer, mem: Memory) -> None:
             raise CorruptFileError(f"yolo_decode '{layer.name}' has no integer level{k}_offs parameter")
         hwc = mem.read_hwc(offs, (w, h, c), True).astype(np.float32)
         rows.append(hwc.reshape(h * w, c).T)
-    out = yolo_decode(np.concatenate(rows, axis=1), levels, int(p["reg_max"]))
+    out = yolo_decode(np.concatenate(rows, axis=1), levels, int(p["reg_max"]), bool(p["sigmoid"]))
     if out.size != int(np.prod(layer.output_dim)):
         raise CorruptFileError(f"yolo_decode '{layer.name}' makes {out.size} values, not {layer.output_dim}")
     mem.write(layer.output_offs, out.reshape(-1))
