@@ -227,3 +227,41 @@ def test_cli_build_run_inspect(real_model, tmp_path: Path, capsys) -> None:
         assert cosine(got[name], ref[name]) >= 0.999, name
     text = capsys.readouterr().out
     assert "DMP DV700 network CPNet" in text and "LT_CONV" in text
+
+
+def test_yolov8n_builds_and_runs(real_model, tmp_path: Path, capsys) -> None:
+    """YOLOv8n (SiLU, C2f splits, SPPF, DFL decode) through the CLI: every op runs (inspect), the build notes
+    the CPU custom layers with their count, the C++ compiles, and `npuc run` on real pictures matches
+    onnxruntime."""
+    from npuc import api
+    from npuc.compiler.cli import main
+
+    path = real_model("yolov8n_320")
+    shape = "images:1,3,320,320"
+    found = api.check(path, "dmp", quant="fp16", input_shapes={"images": (1, 3, 320, 320)})
+    assert found["dmp", "fp16"] == []
+    out = tmp_path / "yolo"
+    with pytest.raises(SystemExit) as info:
+        main(["build", str(path), "--target", "dmp", "-o", str(out), "--name", "Yolo", "--input-shape", shape])
+    assert info.value.code == 0
+    assert "note: 58 of 148 layers are CPU custom layers (57 silu, 1 yolo_decode)" in capsys.readouterr().out
+    net, _ = load_network(out)
+    types = [layer.type for layer in net.layers]
+    assert "LT_COPY_CONCAT" not in types and types.count("LT_CONCAT") == 16  # C2f, SPPF, neck, head: all free
+    res = subprocess.run(
+        ["g++", "-std=c++14", "-fsyntax-only", "-Wall", "-I", str(INCLUDE_DIR), str(out / "Yolo_gen.cpp")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    feeds = model_inputs("yolov8n_320", 2)
+    refs = _reference(path, [], feeds)
+    for k, feed in enumerate(feeds):
+        np.savez(tmp_path / "x.npz", **feed)
+        with pytest.raises(SystemExit) as info:
+            main(["run", str(out), "--input", str(tmp_path / "x.npz"), "-o", str(tmp_path / f"y{k}.npz")])
+        assert info.value.code == 0
+        got, ref = np.load(tmp_path / f"y{k}.npz")["output0"], refs[k]["output0"]
+        assert got.shape == ref.shape == (1, 22, 2100)
+        assert cosine(got, ref) >= 0.999, cosine(got, ref)
+        assert cosine(got[:, 4:], ref[:, 4:]) >= 0.999  # the class scores alone, not only the large box values

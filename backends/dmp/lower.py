@@ -20,7 +20,7 @@ from npuc.compiler.coverage import per_op
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 
-from . import lower_concat, lower_cpu, lower_ops, lower_pool  # noqa: F401  (their handlers register in LOWER)
+from . import lower_concat, lower_cpu, lower_ops, lower_pool, lower_split  # noqa: F401  (their handlers register in LOWER)
 from . import weights as wpack
 from .convert import u8_table
 from .layers import (

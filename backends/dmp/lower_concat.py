@@ -19,6 +19,8 @@ from npuc.compiler.ir import Op
 
 from .layers import CONV_DECONV_BIT, MAX_RUNS, ConvConf, Layer
 from .lower_context import Lowering, Value, lowers
+from .lower_decode import ROWS, lower_anchor_concat
+from .lower_split import inputs_by_layer
 from .validate import check_layer
 
 BRANCH_DEPTH = 2  # the tool merges branches of at most two layers
@@ -28,8 +30,12 @@ CHANNEL_BLOCK = 8
 @lowers("concat")
 def lower_concat(ctx: Lowering, op: Op) -> None:
     srcs = [ctx.value(op, i) for i in range(len(op.inputs))]
+    if any(s.view == ROWS for s in srcs):
+        lower_anchor_concat(ctx, op, srcs)
+        return
     if op.attrs.axis % 4 != 1 or any(s.view != "nchw" or s.layout != "whc8" for s in srcs):
         raise UserError(f"concat '{op.name}': DV700 concatenates NCHW FPGA-layout tensors along channels only")
+    srcs = inputs_by_layer(ctx, op, srcs)
     if any(s.layer is None for s in srcs):
         raise UserError(f"concat '{op.name}' reads the network input directly; put a layer before it")
     if _merge_branches(ctx, op, srcs) or _free_concat(ctx, op, srcs):

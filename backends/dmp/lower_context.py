@@ -65,6 +65,7 @@ class Lowering:
     run_weights: dict[int, RunWeights] = field(default_factory=dict)  # id(run) -> weights
     consumed: set[str] = field(default_factory=set)  # ops absorbed into an earlier run
     parents: dict[int, tuple[int, int]] = field(default_factory=dict)  # buffer -> (enclosing buffer, byte offset)
+    views: set[int] = field(default_factory=set)  # buffers that are channel views (no layer writes them)
 
     # ---- helpers used by the op handlers --------------------------------------------------------------
     def new_buffer(self, nbytes: int) -> int:

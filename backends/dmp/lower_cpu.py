@@ -9,6 +9,7 @@ from npuc.compiler.ir import Op
 
 from .layers import Layer
 from .lower_context import Lowering, Value, lowers
+from .lower_decode import rows_alias
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 
@@ -42,6 +43,8 @@ def lower_reshape(ctx: Lowering, op: Op) -> None:
     src = ctx.value(op)
     w, h, c = src.dims
     out_shape = ctx.graph.shape(op.outputs[0])
+    if len(out_shape) == 3 and rows_alias(ctx, op, src):
+        return
     if len(out_shape) == 4 and out_shape[0] == 1 and out_shape[2:] == (1, 1) and src.perm is None and w * h == 1:
         _alias(ctx, op, src, view="nchw")
         return

@@ -356,9 +356,27 @@ def lower_prelu(ctx: Lowering, op: Op) -> None:
     run.actfunc = ACT_PRELU
 
 
+def _silu_mul(ctx: Lowering, op: Op) -> Op | None:
+    """The Mul that makes x * sigmoid(x) of sigmoid `op` (its sole reader, multiplying by the sigmoid's own
+    input), else None. DV700 has no SiLU and multiplies tensors only by per-channel vectors (spec §1.3)."""
+    if op.attrs.act.kind != "sigmoid":
+        return None
+    user = ctx.sole_user(op.outputs[0])
+    if user is None or user.kind != "eltwise" or user.attrs.kind != "mul" or user.attrs.act is not None:
+        return None
+    return user if sorted(user.inputs) == sorted([op.inputs[0], op.outputs[0]]) else None
+
+
 @lowers("activation")
 def lower_activation(ctx: Lowering, op: Op) -> None:
     act = op.attrs.act
+    mul = _silu_mul(ctx, op)
+    if mul is not None:  # x * sigmoid(x): one CPU custom layer
+        _custom(ctx, op, "silu", {})
+        ctx.values[mul.outputs[0]] = ctx.values.pop(op.outputs[0])
+        ctx.consumed.add(mul.name)
+        ctx.layers[-1].ops.append(mul.name)
+        return
     if hw_activation(act) is not None:
         c = ctx.value(op).dims[2]
         _affine_run(ctx, op, np.ones(c, np.float32), np.zeros(c, np.float32), act)

@@ -7,7 +7,7 @@ import numpy as np
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
-from .layers import CONV_OFF, POOL_AVG, POOL_MAX, POOL_UPSAMPLE, Run, pack2
+from .layers import CONV_OFF, POOL_AVG, POOL_MAX, POOL_UPSAMPLE, Run, pack2, pack4
 from .lower_context import Lowering, fp16_bits, lowers
 from .lower_ops import _affine_run, _custom, _pool_fields, _try_act, _whc8_input
 from .validate import MAX_KERNEL, MAX_POOL_SIZES
@@ -33,10 +33,14 @@ def _pool_runs(op: Op, mode: int, size: tuple[int, int], stride: int, pad: int) 
     fits = size in MAX_POOL_SIZES if mode == POOL_MAX else max(size) <= MAX_KERNEL
     if fits:
         return [_pool_run(op, mode, size, stride, pad)]
+    same = kw == kh and kw % 2 and stride == pack2(1, 1) and pad == pack4(*(kw // 2,) * 4)
+    if mode == POOL_MAX and same:  # YOLO's SPPF: a stride-1 "same" max pool is a cascade of 3x3 ones
+        return [_pool_run(op, mode, (3, 3), stride, pack4(1, 1, 1, 1)) for _ in range(kw // 2)]
     if stride != pack2(kw, kh) or pad:
         raise UserError(
             f"pool '{op.name}' has a {kw}x{kh} window, over the DV700 limit, and can only be split into a "
-            "cascade when stride == kernel and there is no padding"
+            "cascade when stride == kernel and there is no padding (or, for max pools, an odd window at stride 1 "
+            "with 'same' padding)"
         )
     fw, fh = _factors(kw, POOL_LIMIT[mode]), _factors(kh, POOL_LIMIT[mode])
     if fw is None or fh is None:

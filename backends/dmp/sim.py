@@ -13,7 +13,6 @@ import numpy as np
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.kernels.activation import apply_activation
 from npuc.compiler.kernels.conv import conv2d_nchw, pad_hw, windows
-from npuc.compiler.kernels.elementwise import softmax
 from npuc.compiler.ops import Activation
 
 from . import weights as wpack
@@ -40,46 +39,11 @@ from .layers import (
     unpack2,
     unpack4,
 )
-from .layout import whc8_decode, whc8_encode
+from .layout import whc8_encode
+from .sim_cpu import CPU_LAYER_KERNELS
+from .sim_memory import Memory
+from .sim_memory import f16 as _f16
 from .validate import check_layer, hardware_from_options, layer_output_dims, run_input_dims, run_output_dims
-
-MAX_IO_BYTES = 1 << 30  # the boards carry 1-2 GiB of DRAM for everything; no io buffer comes near it
-
-
-def _f16(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return x.astype(np.float16).astype(np.float32)
-
-
-class Memory:
-    """The io buffer with bounds-checked typed views."""
-
-    def __init__(self, size: int) -> None:
-        if not 0 <= size <= MAX_IO_BYTES:
-            raise CorruptFileError(
-                f"io size {size} is out of range (a DV700 io buffer holds at most {MAX_IO_BYTES}); regenerate it"
-            )
-        self.data = np.zeros(size, np.uint8)
-
-    def read(self, offs: int, count: int, dtype: str) -> np.ndarray:
-        n = count * np.dtype(dtype).itemsize
-        if offs < 0 or offs + n > self.data.size:
-            raise CorruptFileError(f"io read [{offs}, {offs + n}) is outside the {self.data.size}-byte io buffer")
-        return self.data[offs : offs + n].view(dtype).copy()
-
-    def write(self, offs: int, values: np.ndarray) -> None:
-        raw = np.ascontiguousarray(values).view(np.uint8).reshape(-1)
-        if offs < 0 or offs + raw.size > self.data.size:
-            raise CorruptFileError(
-                f"io write [{offs}, {offs + raw.size}) is outside the {self.data.size}-byte io buffer"
-            )
-        self.data[offs : offs + raw.size] = raw
-
-    def read_hwc(self, offs: int, dims: list[int] | tuple[int, ...], whc8: bool, dtype: str = "float16") -> np.ndarray:
-        w, h, c = dims
-        flat = self.read(offs, w * h * c, dtype)
-        return whc8_decode(flat, w, h, c) if whc8 else flat.reshape(h, w, c)
-
 
 # ---------------------------------------------------------------------------------------------------------
 # conv runs
@@ -219,85 +183,10 @@ def _concat(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> None:
                                f"{layer.output_size} bytes; regenerate the output")  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------------------
-# CPU layers
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _dims3(layer: Layer) -> list[int]:
-    if len(layer.input_dim) != 3:
-        raise CorruptFileError(f"layer '{layer.name}' input_dim {layer.input_dim} is not (W, H, C)")
-    return layer.input_dim
-
-
-def _flatten(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> None:
-    x = mem.read_hwc(layer.input_offs, _dims3(layer), layer.is_input_hw_layout)
-    mem.write(layer.output_offs, x.reshape(-1))
-
-
-def _softmax(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> None:
-    x = mem.read_hwc(layer.input_offs, _dims3(layer), layer.is_input_hw_layout).astype(np.float32)
-    mem.write(layer.output_offs, softmax(x, -1).astype(np.float32).reshape(-1))
-
-
-def _copy_concat(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> None:
-    parts = []
-    for j in layer.input_layers:
-        if not 0 <= j < len(net.layers):
-            raise CorruptFileError(f"concat '{layer.name}' names input layer {j}, which does not exist")
-        src = net.layers[j]
-        parts.append(mem.read_hwc(src.output_offs, src.output_dim, True))
-    mem.write(layer.output_offs, whc8_encode(np.concatenate(parts, axis=2)))
-
-
-def _elementwise(fn: Callable[[np.ndarray, dict], np.ndarray]) -> Callable:
-    def kernel(layer: Layer, mem: Memory) -> None:
-        w, h, c = _dims3(layer)
-        x = mem.read(layer.input_offs, w * h * c, "float16").astype(np.float32)
-        mem.write(layer.output_offs, _f16(fn(x, layer.custom_params)).astype(np.float16))
-
-    return kernel
-
-
-def _channel_mul(layer: Layer, mem: Memory) -> None:
-    w, h, c = _dims3(layer)
-    offs = layer.custom_params.get("scale_offs")
-    if not isinstance(offs, int):
-        raise CorruptFileError(f"channel_mul '{layer.name}' has no integer scale_offs parameter")
-    x = mem.read_hwc(layer.input_offs, (w, h, c), layer.is_input_hw_layout).astype(np.float32)
-    scale = mem.read(offs, c, "float16").astype(np.float32)
-    y = _f16(x * scale).astype(np.float16)
-    mem.write(layer.output_offs, whc8_encode(y) if layer.is_input_hw_layout else y.reshape(-1))
-
-
-CUSTOM_LAYERS: dict[str, Callable[[Layer, Memory], None]] = {
-    "hard_swish": _elementwise(lambda x, p: apply_activation(x, Activation("hard_swish"))),
-    "hard_sigmoid": _elementwise(
-        lambda x, p: apply_activation(x, Activation("hard_sigmoid", alpha=p["alpha"], beta=p["beta"]))
-    ),
-    "gelu": _elementwise(lambda x, p: apply_activation(x, Activation("gelu"))),
-    "erf": _elementwise(lambda x, p: apply_activation(x, Activation("erf"))),
-    "channel_mul": _channel_mul,
-}
-
-
-def _custom(layer: Layer, mem: Memory, blob: np.ndarray, net: Network) -> None:
-    kernel = CUSTOM_LAYERS.get(layer.custom_type or "")
-    if kernel is None:
-        raise UserError(f"custom layer '{layer.name}' has type {layer.custom_type!r}, which npuc cannot simulate")
-    try:
-        kernel(layer, mem)
-    except KeyError as exc:
-        raise CorruptFileError(f"custom layer '{layer.name}' lacks parameter {exc}") from None
-
-
 LAYER_KERNELS: dict[str, Callable[[Layer, Memory, np.ndarray, Network], None]] = {
     "LT_CONV": _conv_layer,
-    "LT_FLATTEN": _flatten,
-    "LT_SOFTMAX": _softmax,
     "LT_CONCAT": _concat,
-    "LT_COPY_CONCAT": _copy_concat,
-    "LT_CUSTOM": _custom,
+    **CPU_LAYER_KERNELS,
 }
 
 

@@ -26,6 +26,7 @@ from npuc.compiler.targets import BuildRequest, BuildResult, Target, bool_option
 
 from .codegen import c_identifier, write_output
 from .convert import input_convert
+from .layers import Network
 from .lower import lower_graph
 from .validate import hardware_from_options
 
@@ -55,14 +56,31 @@ def build(request: BuildRequest) -> BuildResult:
     if convert.get("color") == "bgr":
         net.layers[0].conv.to_bgr = 1
     files = write_output(request.output, net, blob, request.model_path.name)
+    cpu = cpu_layer_counts(net)
     summary = {
         "layers": len(net.layers),
+        "cpu_layers": sum(cpu.values()),
         "weights_size": net.weights_size,
         "io_size": net.io_size,
         "weight_format": net.weight_format,
         "weights_transposed": net.weights_transposed,
     }
-    return BuildResult(files, summary)
+    notes = []
+    if cpu:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(cpu.items()))
+        notes.append(
+            f"{sum(cpu.values())} of {len(net.layers)} layers are CPU custom layers ({kinds}); the host runs them"
+        )
+    return BuildResult(files, summary, notes)
+
+
+def cpu_layer_counts(net: Network) -> dict[str, int]:
+    """How many layers of each npuc custom type the host runs (the callbacks the application links)."""
+    counts: dict[str, int] = {}
+    for layer in net.layers:
+        if layer.type == "LT_CUSTOM":
+            counts[layer.custom_type] = counts.get(layer.custom_type, 0) + 1
+    return counts
 
 
 register_target(
@@ -85,7 +103,9 @@ register_target(
         number_formats=("fp16", "8bit"),
         artifact="folder: <NET>_gen.h/.cpp (C<NET> : CDMP_Network), <NET>_weights.bin, <NET>_layers.json",
         status="builds conv/depthwise/dilated/deconv/pool/add/FC/softmax/concat networks (branches into a concat "
-        "as one multi-run layer; CPU custom layers for hard-swish, hard-sigmoid, channel mul) into compilable C++ "
+        "as one multi-run layer; channel splits as views of the WHC8 layout; CPU custom layers for SiLU, "
+        "hard-swish, hard-sigmoid, channel mul and the YOLOv8 DFL decode, counted in the build notes) into "
+        "compilable C++ "
         "and vendor-packed fp16 or 8-bit LUT weights, with the u8→fp16 input convert policies, every command "
         "checked against the driver's rules (unified buffer included); runs in npuc's fp16 simulator; LRN not "
         "lowered; not checked on DV700 hardware",
