@@ -55,6 +55,12 @@ def collecting() -> Iterator[Gaps]:
         _found.reset(token)
 
 
+def in_trial() -> bool:
+    """Whether this is a trial build (`npuc inspect --target`): its artifact is thrown away, so steps that only
+    fill in values (not sizes or layouts) may take a cheap stand-in."""
+    return _found.get() is not None
+
+
 @contextmanager
 def per_op(op: Op) -> Iterator[None]:
     """Around one op's lowering: raises as usual, or records the failure while collecting."""
