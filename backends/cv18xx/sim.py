@@ -59,11 +59,11 @@ def _exponent_index(bits: np.ndarray) -> np.ndarray:
 
 
 def tdma_convert(values: np.ndarray, src: str, dst: str, toward_zero: bool = False) -> np.ndarray:
-    """A TDMA format conversion: int8 -> bf16 is exact; bf16 -> int8 rounds to nearest even (`int8_rnd_mode`
+    """A TDMA format conversion: int8 or uint8 -> bf16 is exact; bf16 -> int8 rounds to nearest even (`int8_rnd_mode`
     0) or toward zero (1) and saturates."""
     if src == dst:
         return values
-    if (src, dst) == ("i8", "bf16"):
+    if (src, dst) in (("i8", "bf16"), ("u8", "bf16")):
         return f32_to_bf16(values.astype(np.float32))
     if (src, dst) == ("bf16", "i8"):
         x = bf16_to_f32(values)
@@ -103,6 +103,8 @@ class Machine:
                 f"TDMA lookup-index move (mv_lut_idx={f['mv_lut_idx']} mv_lut_base={f['mv_lut_base']}) "
                 f"from {src_fmt} to {dst_fmt} is not simulated yet"
             )
+        if (src_fmt, dst_fmt) == ("i8", "bf16") and not f["int8_sign"]:
+            src_fmt = "u8"  # an unsigned byte source (a uint8 camera frame)
         s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
         src_region, src_addr = _tdma_addr(f, "src", src_global, self.chip)
         dst_region, dst_addr = _tdma_addr(f, "dst", dst_global, self.chip)

@@ -18,6 +18,12 @@ register_target(
             "layer_group",
             "sync",
             "compress_weights",
+            "input_dtype",
+            "pixel_format",
+            "aligned_input",
+            "mean",
+            "scale",
+            "color",
         ),  # fmt: skip
         uses_calib=True,
         number_formats=("int8 (per-channel multiplier+rshift)", "bf16"),

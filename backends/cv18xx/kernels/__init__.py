@@ -9,6 +9,7 @@ from npuc.backends.cv18xx.kernels import (  # noqa: F401
     norm,
     pool,
     prelu,
+    preprocess,
     reduce,
     scientific,
     tensor,
