@@ -28,6 +28,7 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    pixel_format: str | None = None  # a raw camera frame the artifact preprocesses itself (its runtime's name)
 
 
 @dataclass

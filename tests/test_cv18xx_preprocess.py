@@ -145,3 +145,22 @@ def test_a_flag_contradicting_the_table_names_both_values(tiny, tmp_path: Path, 
                        "--pixel-format", "rgb_packed", "--color", "rgb")  # fmt: skip
     assert code == 2
     assert "--color rgb contradicts" in out and "color=bgr" in out
+
+
+def test_inspect_shows_the_frame_and_run_feeds_a_picture_as_the_frame(tiny, tmp_path: Path, capsys) -> None:
+    from PIL import Image
+
+    model, table, _ = tiny
+    path = tmp_path / "m.cvimodel"
+    code, out = _build(capsys, model, path, "--calib", str(table), "--input-dtype", "uint8", "--pixel-format",
+                       "bgr_packed")  # fmt: skip
+    assert code == 0, out
+    code, out = _cli(capsys, "inspect", str(path))
+    assert code == 0 and "input: pixel_format BGR_PACKED, aligned False, scale 0.0171,0.0175,0.0174" in out
+    rgb = _pictures(1, 32, 32, seed=11)[0]
+    Image.fromarray(rgb).save(tmp_path / "picture.png")
+    code, out = _cli(capsys, "run", str(path), "--input", str(tmp_path / "picture.png"), "-o", str(tmp_path / "o.npz"))
+    assert code == 0, out
+    expected = run_cvimodel(read_cvimodel(path.read_bytes()), {"input": np.ascontiguousarray(rgb[..., ::-1])[None]})
+    with np.load(tmp_path / "o.npz") as got:
+        assert np.array_equal(got["output"], expected["output"])

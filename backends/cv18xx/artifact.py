@@ -40,7 +40,7 @@ def _inputs(path: Path, options: ArtifactOptions) -> list[TensorSpec]:
     specs = []
     for name in prog.input_tensors:
         t = tensors[name]
-        specs.append(TensorSpec(name, tuple(t.shape.dim[:4]), str(np.dtype(DTYPES[t.dtype]))))
+        specs.append(TensorSpec(name, tuple(t.shape.dim[:4]), str(np.dtype(DTYPES[t.dtype])), t.pixel_format or None))
     return specs
 
 

@@ -169,6 +169,22 @@ def fuse_preprocess(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op], spec: F
     return name
 
 
+def picture_frame(rgb: np.ndarray, vendor_name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An HxWx3 RGB picture as the uint8 frame of an input tensor with this pixel_format and 4-D shape: resized
+    bilinearly (as calibrate resizes) to the frame's size and rounded to uint8, as a camera would give it."""
+    from npuc.passes.preprocess import COLOR_ORDERS, resize_bilinear
+
+    fmt = next((k for k, v in PIXEL_FORMATS.items() if v[0] == vendor_name), None)
+    if fmt is None or PIXEL_FORMATS[fmt][1] == "yuv":
+        raise UserError(f"input pixel_format {vendor_name!r}: npuc cannot make such a frame from a picture")
+    _, order, layout = PIXEL_FORMATS[fmt]
+    n, h, w = (shape[0], shape[1], shape[2]) if layout == "packed" else (shape[0], shape[2], shape[3])
+    img = COLOR_ORDERS[order](resize_bilinear(rgb, h, w))
+    frame = np.clip(np.rint(img), 0, 255).astype(np.uint8)
+    frame = frame if layout == "packed" else frame.transpose(2, 0, 1)
+    return np.ascontiguousarray(np.broadcast_to(frame[None], (n, *frame.shape)))
+
+
 def input_fields(spec: FrameSpec, op: Op) -> dict[str, Any]:
     """The tensor_map fields of the frame input, as tpu-mlir writes them."""
     a: FusedPreprocess = op.attrs

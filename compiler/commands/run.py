@@ -36,6 +36,14 @@ def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, n
 
     from npuc.passes.preprocess import InputSpec, load_sample
 
+    frames = [s for s in specs if s.pixel_format]
+    if frames:  # the model preprocesses on its own: feed the picture as the camera frame it takes
+        from npuc.backends.cv18xx.preprocess import picture_frame
+        from npuc.passes.preprocess import decode_image
+
+        if len(specs) != 1:
+            raise UserError(f"{path}: a picture feeds one input; the model has {len(specs)}")
+        return {frames[0].name: picture_frame(decode_image(path), frames[0].pixel_format, frames[0].shape)}
     inputs = [InputSpec(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in specs]
     return load_sample(path, inputs, pre)
 
