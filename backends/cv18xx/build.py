@@ -34,8 +34,7 @@ from npuc.backends.cv18xx.generate import generate
 from npuc.backends.cv18xx.inputs import INTEGER_DTYPES, settle_integer_inputs
 from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
-from npuc.backends.cv18xx.preprocess import KIND as FUSED
-from npuc.backends.cv18xx.preprocess import FrameSpec, frame_spec, fuse_preprocess, input_fields
+from npuc.backends.cv18xx.preprocess import frame_spec, fuse_preprocess, input_fields
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler import ops
 from npuc.compiler.coverage import stop_if_gaps
@@ -343,7 +342,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         streams.append(cg.stream)
     stop_if_gaps()  # a trial build (npuc inspect --target) has seen every segment's ops
     model = _assemble(request, chip.name, qgraph, cg, cpu_ops, segments, streams, islands, tail_ops, inputs, outputs,
-                      tpu_outputs, spec)  # fmt: skip
+                      tpu_outputs, {frame: input_fields(spec)} if frame is not None else {})  # fmt: skip
     data = write_cvimodel(model)
     read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
     summary = {
@@ -388,7 +387,7 @@ def _assemble(
     inputs: list[str],
     outputs: list[str],
     tpu_outputs: list[str],
-    spec: FrameSpec | None,
+    frames: dict[str, dict[str, Any]],
 ) -> CviModel:
     schema = model_schema()
     routine_types = schema.enums["RoutineType"].values
@@ -442,11 +441,6 @@ def _assemble(
         routines.append(cpu_routine(op, "softmax", _cpu_args(axis=axis)))
     tpu_ops = [u for seg in segments for u in seg]
     names = [*inputs, *(o for op in [*cpu_ops, *tpu_ops, *islands, *tail_ops] for o in op.outputs)]
-    frames = {
-        op.inputs[0]: input_fields(spec, op)
-        for op in segments[0]
-        if spec is not None and getattr(op, "kind", "") == FUSED
-    }
     tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs, frames.get(n)) for n in dict.fromkeys(names)]
     weight_map = [
         schema.new(

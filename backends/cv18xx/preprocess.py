@@ -8,8 +8,10 @@ makes the model's first tensor of it, replacing the input's quantizing cast:
 - int8: a per-channel 256-entry table uint8 -> int8 (lane k holds channel k's table), entry p being exactly
   what the CPU quant routine makes of the float (p - mean[k]) * scale[k] at the input threshold;
 - bf16: the load converts uint8 to bf16 (exact), then per channel x * scale[k] + (-mean[k] * scale[k]).
-The input tensor record carries pixel_format (tpu-mlir's name), scale and mean as tpu-mlir fills them:
-`scale` = scale, `mean` = mean * scale (tpu-mlir writes no PreProcessHints for cv18xx).
+The input tensor record is filled as tpu-mlir fills it: UINT8, the frame's shape, pixel_format (tpu-mlir's
+customization_format name), aligned, and scale [1, 1, 1] / mean [0, 0, 0] - tpu-mlir's FusePreprocess resets the
+input's scale and mean once the TPU applies them, and its codegen writes `mean` as scale * mean of those; it
+writes no PreProcessHints for cv18xx.
 
 `--color`, `--mean`, `--scale` describe the model (its channel order and normalisation, in 0..255 units); unset,
 they come from the calibration table's `# preprocess:` line.
@@ -185,12 +187,6 @@ def picture_frame(rgb: np.ndarray, vendor_name: str, shape: tuple[int, ...]) -> 
     return np.ascontiguousarray(np.broadcast_to(frame[None], (n, *frame.shape)))
 
 
-def input_fields(spec: FrameSpec, op: Op) -> dict[str, Any]:
-    """The tensor_map fields of the frame input, as tpu-mlir writes them."""
-    a: FusedPreprocess = op.attrs
-    return {
-        "pixel_format": spec.vendor_name,
-        "aligned": spec.aligned,
-        "scale": [float(np.float32(s)) for s in a.scale],
-        "mean": [float(np.float32(m * s)) for m, s in zip(a.mean, a.scale)],
-    }
+def input_fields(spec: FrameSpec) -> dict[str, Any]:
+    """The tensor_map fields of the frame input, as tpu-mlir writes them (the module docstring)."""
+    return {"pixel_format": spec.vendor_name, "aligned": spec.aligned, "scale": [1.0] * 3, "mean": [0.0] * 3}
