@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from npuc.backends.cv18xx.container import read_cvimodel
+from npuc.backends.cv18xx.frames import picture_frame
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.compiler.cli import main
 from npuc.models.make_models import _single, make_model
@@ -127,7 +128,7 @@ FRAME = [*BF16, "--input-dtype", "uint8", "--pixel-format"]
         ([*BF16, "--pixel-format", "bgr_packed"], "add --input-dtype uint8"),
         ([*BF16, "--mean", "127"], "add --input-dtype uint8"),
         ([*BF16, "--input-dtype", "int8"], "--input-dtype int8 is not a cv18xx input"),
-        ([*FRAME, "nv21"], "YUV frames"),
+        ([*FRAME, "nv21", "--color", "gray"], "pick a matching format"),
         ([*FRAME, "gray"], "pick a matching format"),
         ([*FRAME, "rgba"], "is not one of"),
     ],
@@ -164,3 +165,91 @@ def test_inspect_shows_the_frame_and_run_feeds_a_picture_as_the_frame(tiny, tmp_
     expected = run_cvimodel(read_cvimodel(path.read_bytes()), {"input": np.ascontiguousarray(rgb[..., ::-1])[None]})
     with np.load(tmp_path / "o.npz") as got:
         assert np.array_equal(got["output"], expected["output"])
+
+
+YUV = {"nv21": "YUV_NV21", "nv12": "YUV_NV12", "yuv420_planar": "YUV420_PLANAR"}
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bf16 (nearest even), as float32."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def _tpu_rgb(frame: np.ndarray, fmt: str, h: int, w: int) -> np.ndarray:
+    """HxWx3 uint8 RGB of a YUV frame as tpu-mlir's formulas give it in bf16, one rounding per TIU step:
+    y = (Y - 16) * 1.164, u = U - 128, v = V - 128, R = y + 1.596 v, G = y - 0.391 u - 0.813 v, B = y + 2.018 u,
+    each 2x2 block sharing its chroma, stored rounded to nearest even and saturated."""
+    flat = frame.reshape(-1).astype(np.float32)
+    y = _bf16((flat[: h * w].reshape(h, w) - 16) * _bf16(1.164))
+    chroma = flat[h * w : h * w * 3 // 2]
+    if fmt == "yuv420_planar":
+        u, v = chroma[: h * w // 4], chroma[h * w // 4 :]
+    else:
+        first, second = chroma[0::2], chroma[1::2]
+        u, v = (second, first) if fmt == "nv21" else (first, second)
+    u, v = ((c.reshape(h // 2, w // 2) - 128).repeat(2, 0).repeat(2, 1) for c in (u, v))
+    planes = []
+    for gains in ((0.0, 1.596), (-0.391, -0.813), (2.018, 0.0)):
+        out = y
+        for c, gain in zip((u, v), gains):
+            if gain:
+                out = _bf16(out + _bf16(c * _bf16(gain)))
+        planes.append(np.clip(np.rint(out), 0, 255).astype(np.uint8))
+    return np.stack(planes, axis=-1)
+
+
+@pytest.mark.parametrize("fmt", list(YUV))
+def test_yuv_frame_converts_as_tpu_mlir_formulas(fmt: str, tiny, tmp_path: Path, capsys) -> None:
+    """The int8 model fed a YUV frame equals the float-input build fed the RGB picture tpu-mlir's formulas make
+    of that frame, bit for bit; the frame npuc run makes of a picture gives back that picture within 3 levels."""
+    model, table, pre = tiny
+    code, out = _build(capsys, model, tmp_path / "yuv.cvimodel", "--calib", str(table), "--input-dtype", "uint8",
+                       "--pixel-format", fmt)  # fmt: skip
+    assert code == 0, out
+    code, out = _build(capsys, model, tmp_path / "float.cvimodel", "--calib", str(table))
+    assert code == 0, out
+    yuv_model = read_cvimodel((tmp_path / "yuv.cvimodel").read_bytes())
+    float_model = read_cvimodel((tmp_path / "float.cvimodel").read_bytes())
+    record = next(t for t in yuv_model.body.programs[0].tensor_map if t.name == "input")
+    assert record.pixel_format == YUV[fmt] and list(record.shape.dim) == [1, 3, 32, 32]  # tpu-mlir's NCHW shape
+    for rgb in _pictures(3, 32, 32, seed=5):
+        frame = picture_frame(rgb, YUV[fmt], (1, 3, 32, 32))
+        converted = _tpu_rgb(frame, fmt, 32, 32)
+        ours = run_cvimodel(yuv_model, {"input": frame})["output"]
+        ref = run_cvimodel(float_model, {"input": _float_input(converted, pre)})["output"]
+        assert np.array_equal(ours, ref)
+        smooth = rgb[::2, ::2].repeat(2, 0).repeat(2, 1)  # nothing lost to chroma subsampling
+        back = _tpu_rgb(picture_frame(smooth, YUV[fmt], (1, 3, 32, 32)), fmt, 32, 32)
+        assert np.abs(back.astype(int) - smooth).max() <= 3
+
+
+# tpu-mlir's aligned_image_size of a 1x3x32x32 input: (chip, pixel_format) -> bytes
+ALIGNED_SIZES = {
+    ("cv181x", "bgr_packed"): 32 * 128,  # rows of 96 bytes padded to 128
+    ("cv181x", "rgb_planar"): 3 * 32 * 64,  # rows of 32 padded to 64, planes to 64
+    ("cv181x", "nv21"): 64 * 32 + 64 * 16,  # Y rows and chroma rows padded to 64
+    ("cv183x", "rgb_planar"): 3 * 4096,  # rows padded to 32, planes to 4 KiB
+    ("cv183x", "yuv420_planar"): 3 * 4096,  # Y rows to 64, U and V rows to 32, each plane to 4 KiB
+}
+
+
+@pytest.mark.parametrize(("chip", "fmt"), list(ALIGNED_SIZES))
+def test_aligned_frame_runs_as_the_unaligned_one(chip: str, fmt: str, tiny, tmp_path: Path, capsys) -> None:
+    model, table, _ = tiny
+    frame_args = ["--calib", str(table), "--chip", chip, "--input-dtype", "uint8", "--pixel-format", fmt]
+    code, out = _build(capsys, model, tmp_path / "a.cvimodel", *frame_args, "--aligned-input")
+    assert code == 0, out
+    code, out = _build(capsys, model, tmp_path / "u.cvimodel", *frame_args)
+    assert code == 0, out
+    aligned, unaligned = (read_cvimodel((tmp_path / f"{k}.cvimodel").read_bytes()) for k in "au")
+    record = next(t for t in aligned.body.programs[0].tensor_map if t.name == "input")
+    assert record.aligned and record.size == ALIGNED_SIZES[chip, fmt]
+    vendor_name = record.pixel_format
+    for rgb in _pictures(2, 32, 32, seed=9):
+        shape = tuple(record.shape.dim)
+        padded = picture_frame(rgb, vendor_name, shape, aligned=True, chip=chip)
+        assert padded.size == record.size
+        ours = run_cvimodel(aligned, {"input": padded})["output"]
+        ref = run_cvimodel(unaligned, {"input": picture_frame(rgb, vendor_name, shape)})["output"]
+        assert np.array_equal(ours, ref)

@@ -17,6 +17,7 @@ weights.py).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import os
 from pathlib import Path
@@ -300,7 +301,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     tail_ops = _softmax_tail(qgraph)
     islands = _softmax_islands(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
-    frame = fuse_preprocess(qgraph, cpu_ops, tpu_ops, spec) if spec is not None else None
+    frames, frame_size = fuse_preprocess(qgraph, cpu_ops, tpu_ops, spec, chip.name) if spec is not None else ([], 0)
     embeddings = [op for op in tpu_ops if _is_embedding(qgraph, op)]
     cpu_ops += embeddings
     tpu_ops = [op for op in tpu_ops if op not in embeddings]
@@ -310,8 +311,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         t for t in tpu_outputs if t is not None
     ]
     fmt = {name: _fmt_of(qgraph, name) for name in qgraph.tensors if not qgraph.tensors[name].is_const}
-    if frame is not None:
-        fmt[frame] = "uint8"
+    fmt.update(dict.fromkeys(frames, "uint8"))
     inputs = list(qgraph.inputs)
     cpu_touched = [op.outputs[0] for op in cpu_ops] + [n for op in [*tail_ops, *islands] for n in op.inputs]
     cpu_touched += [op.outputs[0] for op in islands]
@@ -335,6 +335,8 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     schedule += tail_ops
     tpu_only = [op for op in tpu_ops if op not in islands]
     cg.plan = plan_memory(qgraph, schedule, fmt, inputs + outputs, [], _aliases(qgraph, tpu_only, pinned))
+    if frames:  # an aligned frame is larger than its elements; it is alone in its io region (offset 0)
+        cg.plan.places[frames[0]] = dataclasses.replace(cg.plan.places[frames[0]], size=frame_size)
     streams = []
     for seg in segments:
         cg.stream = stream()
@@ -342,7 +344,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         streams.append(cg.stream)
     stop_if_gaps()  # a trial build (npuc inspect --target) has seen every segment's ops
     model = _assemble(request, chip.name, qgraph, cg, cpu_ops, segments, streams, islands, tail_ops, inputs, outputs,
-                      tpu_outputs, {frame: input_fields(spec)} if frame is not None else {})  # fmt: skip
+                      tpu_outputs, {frames[0]: input_fields(spec)} if frames else {})  # fmt: skip
     data = write_cvimodel(model)
     read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
     summary = {

@@ -1,8 +1,10 @@
 """Fused preprocessing (`--input-dtype uint8 --pixel-format F`): the cvimodel takes the camera's raw frame.
 
 As tpu-mlir's `--fuse_preprocess --customization_format F` does, the model input becomes the uint8 frame (its
-shape: NCHW for planar and gray frames, NHWC for packed ones) and the TPU routine starts with one step that
-makes the model's first tensor of it, replacing the input's quantizing cast:
+shape: NHWC for packed frames, else the model's NCHW; a YUV frame fills the start of its NCHW-sized tensor) and
+the TPU routine starts with the steps that make the model's first tensor of it, replacing the input's
+quantizing cast. A YUV frame first becomes uint8 RGB planes in the model's channel order (kernels/csc.py,
+tpu-mlir's BT.601 formulas in bf16); then, for every format:
 - each model channel k is read from frame channel `source[k]` (colour order: rgb/bgr frames for a bgr/rgb
   model swap channels on the load; packed frames are read with a pixel stride, the TDMA permute);
 - int8: a per-channel 256-entry table uint8 -> int8 (lane k holds channel k's table), entry p being exactly
@@ -43,6 +45,7 @@ PIXEL_FORMATS = {
 }
 FRAME_OPTIONS = ("pixel_format", "aligned_input", "mean", "scale", "color")
 KIND = "fused_preprocess"
+CSC_KIND = "fused_yuv_to_rgb"
 
 
 @dataclass(frozen=True)
@@ -66,15 +69,65 @@ class FrameSpec:
         return PIXEL_FORMATS[self.pixel_format][2] == "packed"
 
 
+@dataclass(frozen=True)
+class FrameLayout:
+    """Byte strides of a frame in its buffer: per picture, per plane (planar; YUV: the U and V plane offsets),
+    per row (YUV: the Y rows, then the chroma rows)."""
+
+    picture: int
+    plane: int
+    row: int
+    chroma_row: int = 0
+    u_offset: int = 0
+    v_offset: int = 0
+
+
+def _align(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+def frame_layout(spec: FrameSpec, chip: str, shape: tuple[int, int, int, int]) -> FrameLayout:
+    """Where a frame's bytes are (tpu-mlir's setPixelAlign / aligned_image_size): with --aligned-input, VPSS
+    rows, chroma rows and planes are padded - cv183x to 32 / 32 / 4096 bytes, the others to 64 / 64 / 64 (a
+    yuv420_planar Y row to twice the row alignment); unaligned, everything is packed."""
+    n, c, h, w = shape
+    row_align, plane_align = ((32, 0x1000) if chip == "cv183x" else (64, 64)) if spec.aligned else (1, 1)
+    layout = PIXEL_FORMATS[spec.pixel_format][2]
+    if spec.order == "yuv":
+        y_row = _align(w, 2 * row_align if layout == "yuv420" else row_align)
+        chroma_row = _align(w // 2 if layout == "yuv420" else w, row_align)
+        u = _align(h * y_row, plane_align)
+        v = _align(u + h // 2 * chroma_row, plane_align) if layout == "yuv420" else u
+        return FrameLayout(_align(v + h // 2 * chroma_row, plane_align), 0, y_row, chroma_row, u, v)
+    if spec.packed or spec.order == "gray":  # tpu-mlir pads packed and grey rows only
+        row = _align(w * (c if spec.packed else 1), row_align)
+        return FrameLayout(row * h * (1 if spec.packed else c), row * h, row)
+    row = _align(w, row_align)
+    plane = _align(row * h, plane_align)
+    return FrameLayout(plane * c, plane, row)
+
+
 @dataclass
 class FusedPreprocess:
-    """Attributes of the fused step: model channel k <- frame channel source[k], its mean/scale; int8 tables."""
+    """Attributes of the fused step: model channel k <- frame channel source[k], its mean/scale; int8 tables;
+    where the frame's bytes are."""
 
     source: tuple[int, ...]
     packed: bool
     mean: tuple[float, ...]
     scale: tuple[float, ...]
+    layout: FrameLayout
     tables: np.ndarray | None = None  # (channels, 256) int8
+
+
+@dataclass
+class FusedCsc:
+    """A YUV frame's colour conversion to uint8 planes: `layout` nv12 | nv21 | yuv420, `planes` the model's
+    channel order as r/g/b (kernels/csc.py)."""
+
+    layout: str
+    planes: tuple[str, ...]
+    frame: FrameLayout
 
 
 def frame_spec(options: dict[str, Any], table: CalibrationTable | None, where: str) -> FrameSpec | None:
@@ -103,21 +156,15 @@ def frame_spec(options: dict[str, Any], table: CalibrationTable | None, where: s
     fmt = options.get("pixel_format") or ("gray" if pre.color == "gray" else f"{pre.color}_planar")
     if fmt not in PIXEL_FORMATS:
         raise UserError(f"--pixel-format {fmt} is not one of {', '.join(PIXEL_FORMATS)}")
-    spec = FrameSpec(fmt, bool(options.get("aligned_input")), pre)
-    if spec.order == "yuv":
-        raise UserError(f"--pixel-format {fmt}: YUV frames (colour conversion on the TPU) have no cv18xx kernel yet; "
-                        "feed rgb/bgr planar or packed frames")  # fmt: skip
-    if spec.aligned:
-        raise UserError(
-            "--aligned-input (VPSS-aligned rows and planes) has no cv18xx kernel yet; feed unaligned frames"
-        )
-    return spec
+    return FrameSpec(fmt, bool(options.get("aligned_input")), pre)
 
 
 def _source_channels(spec: FrameSpec, channels: int, name: str) -> tuple[int, ...]:
     """Frame channel of each model channel (the colour-order change)."""
     model, frame = spec.pre.color, spec.order
     wanted = 1 if frame == "gray" else 3
+    if frame == "yuv" and channels == 3 and model != "gray":
+        return tuple(range(channels))  # the colour conversion writes the planes in the model's order
     if channels != wanted or (model == "gray") != (frame == "gray"):
         raise UserError(f"--pixel-format {spec.pixel_format} gives {wanted} channel(s) of {frame}, but input '{name}' "
                         f"takes {channels} channel(s) of {model} (--color); pick a matching format")  # fmt: skip
@@ -140,9 +187,11 @@ def int8_tables(mean: tuple[float, ...], scale: tuple[float, ...], threshold: fl
     return np.clip(rounded, -128, 127).astype(np.int8)
 
 
-def fuse_preprocess(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op], spec: FrameSpec) -> str:
-    """Make the model's single image input the uint8 frame and put the fused step first in `tpu_ops` in place
-    of the input's cast; returns the input's name."""
+def fuse_preprocess(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op], spec: FrameSpec,
+                    chip: str) -> tuple[list[str], int]:  # fmt: skip
+    """Make the model's single image input the uint8 frame and put the fused steps first in `tpu_ops` in place
+    of the input's cast; returns the uint8 tensors (the input, then a YUV frame's RGB planes) and the frame
+    tensor's byte size."""
     if len(qgraph.inputs) != 1:
         raise UserError(f"--input-dtype uint8 feeds one image input; the model has {len(qgraph.inputs)} inputs")
     name = qgraph.inputs[0]
@@ -152,41 +201,41 @@ def fuse_preprocess(qgraph: Graph, cpu_ops: list[Op], tpu_ops: list[Op], spec: F
     entry = next((op for op in cpu_ops + tpu_ops if op.kind == "cast" and op.inputs == [name]), None)
     if entry is None or any(name in op.inputs for op in cpu_ops + tpu_ops if op is not entry):
         raise UserError(f"--input-dtype uint8: input '{name}' is read by more than its conversion to the model's "
-                        "number format; use --quant-input-free builds of a plain image model")  # fmt: skip
+                        "number format; the frame can only feed an image input")  # fmt: skip
     n, c, h, w = shape
     out = qgraph.tensors[entry.outputs[0]]
+    frame = frame_layout(spec, chip, shape)
     attrs = FusedPreprocess(
         source=_source_channels(spec, c, name),
         packed=spec.packed,
         mean=_per_channel(spec.pre.mean, c, "--mean"),
         scale=_per_channel(spec.pre.scale, c, "--scale"),
+        layout=frame if spec.order != "yuv" else FrameLayout(c * h * w, h * w, w),
     )
     if out.dtype == "int8":
         attrs.tables = int8_tables(attrs.mean, attrs.scale, out.quant.threshold)
     (cpu_ops if entry in cpu_ops else tpu_ops).remove(entry)
-    tpu_ops.insert(0, Op(entry.name, KIND, [name], list(entry.outputs), attrs))
+    planar = name
+    if spec.order == "yuv":  # the frame's tensor keeps the model's NCHW shape, as tpu-mlir's does
+        planar = qgraph.unique_name(f"{name}_rgb")
+        qgraph.add_tensor(planar, shape, "uint8")
+        layout = PIXEL_FORMATS[spec.pixel_format][2]
+        csc = FusedCsc(layout, tuple(spec.pre.color), frame)
+        tpu_ops.insert(0, Op(f"{name}_yuv_to_rgb", CSC_KIND, [name], [planar], csc))
+    tpu_ops.insert(1 if planar != name else 0, Op(entry.name, KIND, [planar], list(entry.outputs), attrs))
     t = qgraph.tensors[name]
     t.dtype, t.quant = "uint8", None
     t.shape = (n, h, w, c) if spec.packed else (n, c, h, w)
-    return name
-
-
-def picture_frame(rgb: np.ndarray, vendor_name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """An HxWx3 RGB picture as the uint8 frame of an input tensor with this pixel_format and 4-D shape: resized
-    bilinearly (as calibrate resizes) to the frame's size and rounded to uint8, as a camera would give it."""
-    from npuc.passes.preprocess import COLOR_ORDERS, resize_bilinear
-
-    fmt = next((k for k, v in PIXEL_FORMATS.items() if v[0] == vendor_name), None)
-    if fmt is None or PIXEL_FORMATS[fmt][1] == "yuv":
-        raise UserError(f"input pixel_format {vendor_name!r}: npuc cannot make such a frame from a picture")
-    _, order, layout = PIXEL_FORMATS[fmt]
-    n, h, w = (shape[0], shape[1], shape[2]) if layout == "packed" else (shape[0], shape[2], shape[3])
-    img = COLOR_ORDERS[order](resize_bilinear(rgb, h, w))
-    frame = np.clip(np.rint(img), 0, 255).astype(np.uint8)
-    frame = frame if layout == "packed" else frame.transpose(2, 0, 1)
-    return np.ascontiguousarray(np.broadcast_to(frame[None], (n, *frame.shape)))
+    return list(dict.fromkeys([name, planar])), frame_bytes(spec, chip, shape)
 
 
 def input_fields(spec: FrameSpec) -> dict[str, Any]:
-    """The tensor_map fields of the frame input, as tpu-mlir writes them (the module docstring)."""
+    """The tensor_map fields of the frame input, as tpu-mlir writes them (the module docstring); `size` comes
+    from the memory plan (frame_bytes)."""
     return {"pixel_format": spec.vendor_name, "aligned": spec.aligned, "scale": [1.0] * 3, "mean": [0.0] * 3}
+
+
+def frame_bytes(spec: FrameSpec, chip: str, shape: tuple[int, ...]) -> int:
+    """The frame tensor's `size`: n pictures of the layout's stride (tpu-mlir: only an aligned frame differs
+    from the tensor's element count)."""
+    return shape[0] * frame_layout(spec, chip, shape).picture if spec.aligned else int(np.prod(shape))

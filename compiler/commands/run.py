@@ -38,12 +38,14 @@ def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, n
 
     frames = [s for s in specs if s.pixel_format]
     if frames:  # the model preprocesses on its own: feed the picture as the camera frame it takes
-        from npuc.backends.cv18xx.preprocess import picture_frame
+        from npuc.backends.cv18xx.frames import picture_frame
         from npuc.passes.preprocess import decode_image
 
         if len(specs) != 1:
             raise UserError(f"{path}: a picture feeds one input; the model has {len(specs)}")
-        return {frames[0].name: picture_frame(decode_image(path), frames[0].pixel_format, frames[0].shape)}
+        s = frames[0]
+        aligned = s.aligned_for is not None
+        return {s.name: picture_frame(decode_image(path), s.pixel_format, s.shape, aligned, s.aligned_for or "")}
     inputs = [InputSpec(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in specs]
     return load_sample(path, inputs, pre)
 

@@ -13,6 +13,7 @@ from PIL import Image
 
 import npuc
 from npuc.backends.cv18xx.container import read_cvimodel
+from npuc.backends.cv18xx.frames import picture_frame
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.images import FITS, PICTURES, RECIPES
 from npuc.passes.preprocess import Preprocess
@@ -27,11 +28,6 @@ PRE = Preprocess(
     scale=tuple(1 / (255 * s) for s in (0.229, 0.224, 0.225)),
     color="rgb",
 )
-FRAMES = {
-    "bgr_packed": lambda rgb: rgb[..., ::-1],
-    "rgb_planar": lambda rgb: rgb.transpose(2, 0, 1),
-    "bgr_planar": lambda rgb: rgb[..., ::-1].transpose(2, 0, 1),
-}
 CALIBRATION_PICTURES = 8  # the 4 page and 4 text-line rotations
 CLEAR_MARGIN = 0.1  # the float model's top-1 probability ahead of its runner-up by this much
 
@@ -67,27 +63,40 @@ def setup(real_model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
 
 
 @pytest.mark.parametrize(
-    ("quant", "fmt", "count"),
-    [("int8", "bgr_packed", 8), ("int8", "rgb_planar", 3), ("bf16", "bgr_planar", 3)],
+    ("quant", "fmt", "aligned", "count"),
+    [
+        ("int8", "bgr_packed", False, 8),
+        ("int8", "rgb_planar", False, 3),
+        ("bf16", "bgr_planar", False, 3),
+        ("int8", "nv21", False, 8),
+        ("bf16", "nv12", False, 1),
+        ("int8", "bgr_packed", True, 2),
+        ("int8", "nv21", True, 2),
+    ],
 )
-def test_frame_model_is_bit_exact_and_classifies_as_the_float_model(quant: str, fmt: str, count: int, setup,
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_frame_model_is_bit_exact_and_classifies_as_the_float_model(
+    quant: str, fmt: str, aligned: bool, count: int, setup, tmp_path: Path
+) -> None:
     model, table, pictures = setup
     # mean/scale/colour come from the table's `# preprocess:` line
     path = build(model, table, "cv181x", quant, tmp_path / f"{fmt}.cvimodel", real_model_shapes(NAME),
-                 input_dtype="uint8", pixel_format=fmt)  # fmt: skip
+                 input_dtype="uint8", pixel_format=fmt, aligned_input=aligned)  # fmt: skip
     cvimodel = read_cvimodel(path.read_bytes())
+    record = next(t for t in cvimodel.body.programs[0].tensor_map if t.name == "x")
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     float_build = build(model, table, "cv181x", quant, tmp_path / "float.cvimodel", real_model_shapes(NAME))
     float_cvimodel = read_cvimodel(float_build.read_bytes())
     agree, clear = [], []
     for rgb in pictures[:count]:
-        frame = {"x": np.ascontiguousarray(FRAMES[fmt](rgb))[None]}
+        # the frame as `npuc run` makes it of a picture
+        frame = {"x": picture_frame(rgb, record.pixel_format, tuple(record.shape.dim), aligned, "cv181x")}
         ours = run_cvimodel(cvimodel, frame)
         vendor = run_vendor(path, frame)
         for out, value in ours.items():
             assert np.array_equal(value, vendor[out].reshape(value.shape)), out
-        if quant == "int8":  # the fused step adds no error: the float-input build on the float picture, exactly
+        # the fused step adds no error (a YUV frame's colour conversion does): the float-input build on the
+        # float-preprocessed picture, exactly
+        if quant == "int8" and "YUV" not in record.pixel_format:
             fed = run_cvimodel(float_cvimodel, {"x": _float_input(rgb)})
             assert all(np.array_equal(ours[k], fed[k]) for k in ours)
         reference = session.run(None, {"x": _float_input(rgb)})[0].ravel()

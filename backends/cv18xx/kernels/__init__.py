@@ -3,6 +3,7 @@
 from npuc.backends.cv18xx.kernels import (  # noqa: F401
     activation,
     conv,
+    csc,
     elementwise,
     group,
     matmul,

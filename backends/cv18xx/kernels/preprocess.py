@@ -21,7 +21,6 @@ from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 
-MAX_TDMA_DIM = 0xFFFF  # TDMA shape fields are 16 bits (a packed channel is moved as one column of rows * w)
 MAX_TIU_DIM = 4095
 
 
@@ -34,23 +33,24 @@ def _lane_tables(lanes: int, tables: np.ndarray) -> np.ndarray:
 
 def _channel_source(frame: GTensor, a: FusedPreprocess, shape: tuple[int, int, int, int], b: int, k: int,
                     rows: tuple[int, int]) -> GTensor:  # fmt: skip
-    """Rows h0..h1 of the frame channel model channel k reads, as a gmem operand of unsigned bytes."""
+    """Rows h0..h1 of the frame channel model channel k reads, as a gmem operand of unsigned bytes: planar,
+    a (1, 1, rows, w) block of its plane; packed, every c-th byte of each row as (rows, 1, w, 1) (the TDMA
+    moves w contiguously, so a pixel stride goes in h, and rows - padded when aligned - in n)."""
     n, c, h, w = shape
-    s, (h0, h1) = a.source[k], rows
-    if a.packed:  # (n, h, w, c) bytes: the channel is every c-th byte from pixel (h0, 0)
-        start = frame.offset + ((b * h + h0) * w) * c + s
-        count = (h1 - h0) * w
-        return GTensor(frame.region, start, (1, 1, count, 1), "u8", (count * c, count * c, c, 1))
-    start = frame.offset + ((b * c + s) * h + h0) * w
-    return GTensor(frame.region, start, (1, 1, h1 - h0, w), "u8", (h * w, h * w, w, 1))
+    s, (h0, h1), f = a.source[k], rows, a.layout
+    if a.packed:
+        start = frame.offset + b * f.picture + h0 * f.row + s
+        return GTensor(frame.region, start, (h1 - h0, 1, w, 1), "u8", (f.row, f.row, c, 1))
+    start = frame.offset + b * f.picture + s * f.plane + h0 * f.row
+    return GTensor(frame.region, start, (1, 1, h1 - h0, w), "u8", (f.plane, f.plane, f.row, 1))
 
 
 def _lane_view(cg: Codegen, tile: LTensor, k: int, packed: bool) -> LTensor:
-    """Channel k of a tile (on lane k), shaped like the load's source: a packed channel as one column."""
+    """Channel k of a tile (on lane k), shaped like the load's source: a packed channel's rows in n."""
     _, _, r, w = tile.shape
     addr = tile.addr + k * cg.chip.lmem_size  # a local address names its lane in the high part
     if packed:
-        return LTensor(addr, (1, 1, r * w, 1), tile.fmt, (tile.strides[0], tile.strides[1], tile.esz, tile.esz))
+        return LTensor(addr, (r, 1, w, 1), tile.fmt, (w * tile.esz, tile.strides[1], tile.esz, tile.esz))
     return LTensor(addr, (1, 1, r, w), tile.fmt, tile.strides)
 
 
@@ -73,7 +73,7 @@ def fused_preprocess(cg: Codegen, op: Op) -> None:
         table = local.tensor(table_shape(cg.chip), "i8")
         dma.load(s, gtable, table)
     top = local.top
-    limit = min(h, MAX_TIU_DIM, MAX_TDMA_DIM // w if a.packed else h)
+    limit = min(h, MAX_TIU_DIM)
     rows = largest_fit(limit, lambda r: top + local_bytes(cg.chip, (1, c, r, w), y.fmt) <= cg.chip.lmem_size)
     if rows == 0:
         raise does_not_fit(op_where(op), f"one row of its {c}x{h}x{w} frame", cg.chip)
