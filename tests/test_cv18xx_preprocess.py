@@ -165,6 +165,8 @@ def test_inspect_shows_the_frame_and_run_feeds_a_picture_as_the_frame(tiny, tmp_
     expected = run_cvimodel(read_cvimodel(path.read_bytes()), {"input": np.ascontiguousarray(rgb[..., ::-1])[None]})
     with np.load(tmp_path / "o.npz") as got:
         assert np.array_equal(got["output"], expected["output"])
+    code, out = _cli(capsys, "run", str(path), "--input", str(tmp_path / "picture.png"), "--mean", "127")
+    assert code == 2 and "--mean 127.0 is not used: input 'input' takes the BGR_PACKED camera frame" in out
 
 
 YUV = {"nv21": "YUV_NV21", "nv12": "YUV_NV12", "yuv420_planar": "YUV420_PLANAR"}
