@@ -106,3 +106,39 @@ def test_frame_model_is_bit_exact_and_classifies_as_the_float_model(
     # where the float model itself hesitates (two text lines: 0.51 vs 0.42, 0.50 vs 0.44) int8 may flip it
     assert sum(clear) >= count - 2
     assert all(a for a, c in zip(agree, clear) if c), (agree, clear)
+
+
+@pytest.mark.parametrize(("chip", "quant"), [("cv183x", "int8"), ("cv180x", "int8"), ("cv182x", "bf16")])
+def test_gray_frame_on_other_chips(chip: str, quant: str, tmp_path: Path) -> None:
+    """A one-channel model fed a grey frame: the lookup on cv183x's TIU layout, and on cv180x a model with no
+    CPU routine at all (the frame needs no CPU quant), equal on both simulators."""
+    import onnx
+
+    from npuc.models.make_models import _single
+    from npuc.models.netbuilder import NetBuilder
+    from npuc.passes.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calitable import write_table
+
+    b = NetBuilder("grey", np.random.default_rng(4))
+    model = tmp_path / "grey.onnx"
+    onnx.save(_single(b, b.op("Relu", b.conv(b.op("Relu", b.conv("input", 1, 8)), 8, 8)), (1, 1, 40, 36)), model)
+    pre = Preprocess(mean=(127.5,), scale=(1 / 127.5,), color="gray")
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (1, 1, 40, 36), dtype=np.uint8) for _ in range(4)]
+    samples = []
+    for i, frame in enumerate(frames):
+        samples.append(tmp_path / f"s{i}.npz")
+        np.savez(samples[-1], input=(frame.astype(np.float32) - 127.5) * np.float32(1 / 127.5))
+    result = calibrate(model, samples, options=CalibrationOptions(method="max"))
+    result.table.preprocess = pre.spec()
+    write_table(result.table, tmp_path / "table.txt")
+    path = build(model, tmp_path / "table.txt", chip, quant, tmp_path / "grey.cvimodel", input_dtype="uint8",
+                 pixel_format="gray")  # fmt: skip
+    cvimodel = read_cvimodel(path.read_bytes())
+    routines = cvimodel.body.programs[0].routines
+    assert all(r.cpu_routine is None for r in routines)  # the frame enters the TPU directly
+    for frame in frames[:2]:
+        ours = run_cvimodel(cvimodel, {"input": frame})
+        vendor = run_vendor(path, {"input": frame})
+        for out, value in ours.items():
+            assert np.array_equal(value, vendor[out].reshape(value.shape)), out
