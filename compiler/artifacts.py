@@ -28,6 +28,8 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    pixel_format: str | None = None  # a raw camera frame the artifact preprocesses itself (its runtime's name)
+    aligned_for: str | None = None  # such a frame with padded rows/planes: the chip whose alignment it follows
 
 
 @dataclass

@@ -116,6 +116,7 @@ FLAG_OF_OPTION = {
     "input_dtype": "--input-dtype", "delegate": "--delegate", "float_layers": "--float-layers",
     "quant_input": "--quant-input", "quant_output": "--quant-output", "layer_group": "--no-layer-group",
     "allow_partial_table": "--allow-partial-table",
+    "pixel_format": "--pixel-format", "aligned_input": "--aligned-input",
     "opt": "--opt", "weights": "--weights", "input_shapes_list": "--input-shape (given more than once)",
 }  # fmt: skip
 

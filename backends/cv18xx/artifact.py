@@ -35,12 +35,15 @@ def _describe(path: Path, options: ArtifactOptions) -> str:
 def _inputs(path: Path, options: ArtifactOptions) -> list[TensorSpec]:
     from .sim import DTYPES
 
-    prog = read_cvimodel(path).body.programs[0]
+    model = read_cvimodel(path)
+    prog = model.body.programs[0]
     tensors = {t.name: t for t in prog.tensor_map}
     specs = []
     for name in prog.input_tensors:
         t = tensors[name]
-        specs.append(TensorSpec(name, tuple(t.shape.dim[:4]), str(np.dtype(DTYPES[t.dtype]))))
+        dtype = str(np.dtype(DTYPES[t.dtype]))
+        aligned_for = model.chip if t.aligned else None
+        specs.append(TensorSpec(name, tuple(t.shape.dim[:4]), dtype, t.pixel_format or None, aligned_for))
     return specs
 
 

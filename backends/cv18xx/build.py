@@ -17,6 +17,7 @@ weights.py).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import os
 from pathlib import Path
@@ -34,6 +35,7 @@ from npuc.backends.cv18xx.generate import generate
 from npuc.backends.cv18xx.inputs import INTEGER_DTYPES, settle_integer_inputs
 from npuc.backends.cv18xx.kernels.group import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
+from npuc.backends.cv18xx.preprocess import frame_spec, fuse_preprocess, input_fields
 from npuc.backends.cv18xx.weights import bf16_bits
 from npuc.compiler import ops
 from npuc.compiler.coverage import stop_if_gaps
@@ -51,7 +53,7 @@ from npuc.passes.recurrent_unroll import unroll_recurrent
 DEFAULT_CHIP = "cv181x"
 SCHEMES = {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}
 REGION_SHIFT = 40
-DTYPE_CODES = {"float32": 0, "int32": 1, "bf16": 3, "int8": 6}
+DTYPE_CODES = {"float32": 0, "int32": 1, "bf16": 3, "int8": 6, "uint8": 7}
 QUANT_TYPES = {"float32": 0, "bf16": 1, "int8": 2}
 ALIAS_KINDS = ("reshape",)
 CPU_FUNCTION_OF_KIND = {"cast": "quant", "gather": "embedding", "softmax": "softmax"}  # the runtime's routines
@@ -237,7 +239,8 @@ def _cpu_args(**values: Any) -> bytes:
     return fb_encode(schema, schema.new("Parameter", attributes=attrs))
 
 
-def _tensor_record(graph: Graph, name: str, fmt: str, plan: MemoryPlan, model_input: bool) -> Any:
+def _tensor_record(graph: Graph, name: str, fmt: str, plan: MemoryPlan, model_input: bool,
+                   frame: dict[str, Any] | None = None) -> Any:  # fmt: skip
     schema = model_schema()
     place = plan.places[name]
     t = graph.tensors[name]
@@ -258,6 +261,7 @@ def _tensor_record(graph: Graph, name: str, fmt: str, plan: MemoryPlan, model_in
         quant=schema.new("QuantInfo", type=0, max_value=0.0, min_value=0.0, zero_point=0.0, qscale=float(qscale)),
         overwrote=name in plan.overwritten,
         size=place.size,
+        **(frame or {}),  # a fused-preprocess frame: pixel_format, aligned, scale, mean (preprocess.py)
     )
 
 
@@ -281,14 +285,14 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     quant = request.quant or "int8"
     if quant not in SCHEMES:
         raise UserError(f"--quant {quant} is not a cv18xx number format; use int8 or bf16")
-    table = None
+    table = None if request.calib_table is None else read_table(request.calib_table)
+    spec = frame_spec(opts, table, str(request.calib_table))
     if quant == "int8":
         if request.calib_table is None:
             raise UserError(
                 "an int8 cv18xx build needs a calibration table: make one with `npuc calibrate MODEL --data DIR "
                 "-o TABLE` and pass --calib TABLE, or build with --quant bf16"
             )
-        table = read_table(request.calib_table)
     graph = copy.deepcopy(request.graph)
     input_notes = settle_integer_inputs(graph) + unroll_recurrent(graph)
     qgraph = quantize(graph, table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request),
@@ -297,6 +301,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     tail_ops = _softmax_tail(qgraph)
     islands = _softmax_islands(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
+    frames, frame_size = fuse_preprocess(qgraph, cpu_ops, tpu_ops, spec, chip.name) if spec is not None else ([], 0)
     embeddings = [op for op in tpu_ops if _is_embedding(qgraph, op)]
     cpu_ops += embeddings
     tpu_ops = [op for op in tpu_ops if op not in embeddings]
@@ -306,6 +311,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         t for t in tpu_outputs if t is not None
     ]
     fmt = {name: _fmt_of(qgraph, name) for name in qgraph.tensors if not qgraph.tensors[name].is_const}
+    fmt.update(dict.fromkeys(frames, "uint8"))
     inputs = list(qgraph.inputs)
     cpu_touched = [op.outputs[0] for op in cpu_ops] + [n for op in [*tail_ops, *islands] for n in op.inputs]
     cpu_touched += [op.outputs[0] for op in islands]
@@ -329,6 +335,8 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     schedule += tail_ops
     tpu_only = [op for op in tpu_ops if op not in islands]
     cg.plan = plan_memory(qgraph, schedule, fmt, inputs + outputs, [], _aliases(qgraph, tpu_only, pinned))
+    if frames:  # an aligned frame is larger than its elements; it is alone in its io region (offset 0)
+        cg.plan.places[frames[0]] = dataclasses.replace(cg.plan.places[frames[0]], size=frame_size)
     streams = []
     for seg in segments:
         cg.stream = stream()
@@ -336,7 +344,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         streams.append(cg.stream)
     stop_if_gaps()  # a trial build (npuc inspect --target) has seen every segment's ops
     model = _assemble(request, chip.name, qgraph, cg, cpu_ops, segments, streams, islands, tail_ops, inputs, outputs,
-                      tpu_outputs)  # fmt: skip
+                      tpu_outputs, {frames[0]: input_fields(spec)} if frames else {})  # fmt: skip
     data = write_cvimodel(model)
     read_cvimodel(data, "the generated cvimodel")  # the reader's validation is the writer's self-check
     summary = {
@@ -381,6 +389,7 @@ def _assemble(
     inputs: list[str],
     outputs: list[str],
     tpu_outputs: list[str],
+    frames: dict[str, dict[str, Any]],
 ) -> CviModel:
     schema = model_schema()
     routine_types = schema.enums["RoutineType"].values
@@ -434,7 +443,7 @@ def _assemble(
         routines.append(cpu_routine(op, "softmax", _cpu_args(axis=axis)))
     tpu_ops = [u for seg in segments for u in seg]
     names = [*inputs, *(o for op in [*cpu_ops, *tpu_ops, *islands, *tail_ops] for o in op.outputs)]
-    tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs) for n in dict.fromkeys(names)]
+    tensor_map = [_tensor_record(g, n, cg.fmt[n], cg.plan, n in inputs, frames.get(n)) for n in dict.fromkeys(names)]
     weight_map = [
         schema.new(
             "Weight",

@@ -49,7 +49,7 @@ class Codegen:
                 return self.weights.add(name, data.reshape(dims)).reshaped(dims)
             return self.weights.add(name, bf16_bits(data).reshape(dims), "bf16").reshaped(dims)
         place = self.plan.places[name]
-        fmt = {"int8": "i8", "bf16": "bf16", "float32": "bf16"}[self.fmt[name]]
+        fmt = {"int8": "i8", "uint8": "u8", "bf16": "bf16", "float32": "bf16"}[self.fmt[name]]
         dims = shape or to4d(self.graph.shape(name))
         if self.fmt[name] == "float32":  # fp32 words are moved as pairs of bf16
             dims = (*dims[:3], dims[3] * 2)

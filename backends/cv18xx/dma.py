@@ -46,6 +46,7 @@ def _shapes(src: tuple[int, ...], dst: tuple[int, ...]) -> dict[str, int]:
 
 
 def _formats(src: str, dst: str) -> dict[str, int]:
+    # int8_sign marks signed bytes; a u8 source (a camera frame) leaves it clear
     return {"src_fmt": TDMA_FMT[src], "dst_fmt": TDMA_FMT[dst], "int8_sign": int("i8" in (src, dst))}
 
 

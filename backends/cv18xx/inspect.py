@@ -93,7 +93,13 @@ def _tensor_lines(prog: Any) -> list[str]:
                 t.name,
             ]
         )
-    return ["  Tensors:", *_table(rows, "    ")]
+    frames = [  # fused preprocessing: the runtime feeds the raw frame, the TPU applies mean/scale
+        f"    {t.name}: pixel_format {t.pixel_format}, aligned {bool(t.aligned)}, scale "
+        f"{','.join(f'{v:.7g}' for v in t.scale or [])}, mean {','.join(f'{v:.7g}' for v in t.mean or [])}"
+        for t in prog.tensor_map
+        if t.pixel_format
+    ]
+    return ["  Tensors:", *_table(rows, "    "), *(["  Preprocess (input frames):", *frames] if frames else [])]
 
 
 def describe_cvimodel(model: CviModel, disasm: bool = False) -> str:

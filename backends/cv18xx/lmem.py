@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.compiler.errors import UserError
 
-ESIZE = {"i8": 1, "bf16": 2}
-TDMA_FMT = {"i8": 1, "bf16": 2}
+ESIZE = {"i8": 1, "u8": 1, "bf16": 2}
+TDMA_FMT = {"i8": 1, "u8": 1, "bf16": 2}  # u8 is int8 with int8_sign clear (dma.py)
 ALIGN = 16
 
 

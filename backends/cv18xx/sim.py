@@ -59,16 +59,17 @@ def _exponent_index(bits: np.ndarray) -> np.ndarray:
 
 
 def tdma_convert(values: np.ndarray, src: str, dst: str, toward_zero: bool = False) -> np.ndarray:
-    """A TDMA format conversion: int8 -> bf16 is exact; bf16 -> int8 rounds to nearest even (`int8_rnd_mode`
-    0) or toward zero (1) and saturates."""
+    """A TDMA format conversion: int8 or uint8 -> bf16 is exact; bf16 -> int8 or uint8 rounds to nearest even
+    (`int8_rnd_mode` 0) or toward zero (1) and saturates."""
     if src == dst:
         return values
-    if (src, dst) == ("i8", "bf16"):
+    if (src, dst) in (("i8", "bf16"), ("u8", "bf16")):
         return f32_to_bf16(values.astype(np.float32))
-    if (src, dst) == ("bf16", "i8"):
+    if (src, dst) in (("bf16", "i8"), ("bf16", "u8")):
         x = bf16_to_f32(values)
         rounded = np.trunc(x) if toward_zero else np.rint(x)
-        return np.clip(np.nan_to_num(rounded), -128, 127).astype(np.int8)
+        low, high, dtype = (-128, 127, np.int8) if dst == "i8" else (0, 255, np.uint8)
+        return np.clip(np.nan_to_num(rounded), low, high).astype(dtype)
     raise UnsupportedError(f"TDMA format conversion {src} -> {dst} is not simulated yet")
 
 
@@ -102,6 +103,10 @@ class Machine:
             raise UnsupportedError(
                 f"TDMA lookup-index move (mv_lut_idx={f['mv_lut_idx']} mv_lut_base={f['mv_lut_base']}) "
                 f"from {src_fmt} to {dst_fmt} is not simulated yet"
+            )
+        if not f["int8_sign"]:  # unsigned bytes: a uint8 camera frame read, or its colour-converted planes written
+            src_fmt, dst_fmt = {("i8", "bf16"): ("u8", "bf16"), ("bf16", "i8"): ("bf16", "u8")}.get(
+                (src_fmt, dst_fmt), (src_fmt, dst_fmt)
             )
         s_esz, d_esz = FORMATS[src_fmt][0], FORMATS[dst_fmt][0]
         src_region, src_addr = _tdma_addr(f, "src", src_global, self.chip)

@@ -18,6 +18,12 @@ register_target(
             "layer_group",
             "sync",
             "compress_weights",
+            "input_dtype",
+            "pixel_format",
+            "aligned_input",
+            "mean",
+            "scale",
+            "color",
         ),  # fmt: skip
         uses_calib=True,
         number_formats=("int8 (per-channel multiplier+rshift)", "bf16"),
@@ -26,7 +32,8 @@ register_target(
             "reads, inspects (--disasm) and simulates cvimodels from their bytes; npuc build generates int8/bf16 "
             "cvimodels (conv, transposed conv, pooling, eltwise, ReLU family, PReLU, sigmoid/tanh/hard-swish/"
             "hard-sigmoid, FC/MatMul, concat, reshape/transpose incl. channel shuffle, nearest upsample, CPU "
-            "softmax; NCHW or NHWC input) with layer groups kept in local memory and VLC-compressed filters; "
+            "softmax; NCHW or NHWC input, or a uint8 camera frame with fused preprocessing) with layer groups kept "
+            "in local memory and VLC-compressed filters; "
             "every build runs on the vendor simulator bit for bit"
         ),
         build=build,

@@ -49,6 +49,12 @@ def register(app: typer.Typer) -> None:
         color: str = typer.Option(None, "--color", help="Channel order of the runtime input: rgb or bgr."),
         convert: str = typer.Option(None, "--convert", help="Input convert policy (dmp: div_255, minus_128, ...)."),
         input_dtype: str = typer.Option(None, "--input-dtype", help="Data type the runtime is fed."),
+        pixel_format: str = typer.Option(
+            None,
+            "--pixel-format",
+            help="cv18xx uint8 frame: rgb_planar, bgr_packed, gray, nv21, ... (fused preprocess).",
+        ),
+        aligned_input: bool = typer.Option(False, "--aligned-input", help="cv18xx frame rows/planes VPSS-aligned."),
         delegate: bool = typer.Option(False, "--delegate", help="Emit a vendor build script instead (lyngor)."),
         float_layers: str = typer.Option(
             None, "--float-layers", help="Comma-separated op or tensor names kept in the fallback format."
@@ -82,14 +88,16 @@ def register(app: typer.Typer) -> None:
         for key, text in (("color", color), ("convert", convert)):
             if text is not None:
                 options[key] = text
-        if input_dtype is not None:
-            options["input_dtype"] = input_dtype
+        for key, text in (("input_dtype", input_dtype), ("pixel_format", pixel_format)):
+            if text is not None:
+                options[key] = text
         if delegate:
             options["delegate"] = True
         if float_layers:
             options["float_layers"] = [n.strip() for n in float_layers.split(",") if n.strip()]
-        for flag, value in (("quant_input", quant_input), ("quant_output", quant_output),
-                            ("allow_partial_table", allow_partial_table)):  # fmt: skip
+        switches = (("quant_input", quant_input), ("quant_output", quant_output),
+                    ("allow_partial_table", allow_partial_table), ("aligned_input", aligned_input))  # fmt: skip
+        for flag, value in switches:
             if value:
                 options[flag] = True
         if no_layer_group:

@@ -36,6 +36,19 @@ def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, n
 
     from npuc.passes.preprocess import InputSpec, load_sample
 
+    frames = [s for s in specs if s.pixel_format]
+    if frames:  # the model preprocesses on its own: feed the picture as the camera frame it takes
+        from npuc.backends.cv18xx.frames import picture_frame
+        from npuc.passes.preprocess import Preprocess, decode_image
+
+        if len(specs) != 1:
+            raise UserError(f"{path}: a picture feeds one input; the model has {len(specs)}")
+        s = frames[0]
+        for name, ours, _ in pre.differences(Preprocess()):  # the model's own preprocessing applies, not these
+            raise UserError(f"--{name} {ours} is not used: input '{s.name}' takes the {s.pixel_format} camera "
+                            "frame and preprocesses it on the TPU; remove it")  # fmt: skip
+        aligned = s.aligned_for is not None
+        return {s.name: picture_frame(decode_image(path), s.pixel_format, s.shape, aligned, s.aligned_for or "")}
     inputs = [InputSpec(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in specs]
     return load_sample(path, inputs, pre)
 

@@ -106,8 +106,13 @@ def run(lib_dir: Path, model: Path, feeds_path: Path, out_path: Path) -> None:
         if sorted(names) != sorted(feeds.files):
             _fail(f"feeds {sorted(feeds.files)} do not match the model inputs {names}")
         for i, name in enumerate(names):
-            dst = _tensor_array(lib, ins[i])
             src = feeds[name]
+            if src.dtype == np.uint8 and src.size == ins[i].mem_size != ins[i].count:  # an aligned frame's bytes
+                ctypes.memmove(
+                    lib.CVI_NN_TensorPtr(ctypes.byref(ins[i])), np.ascontiguousarray(src).ctypes.data, src.size
+                )
+                continue
+            dst = _tensor_array(lib, ins[i])
             if src.size != dst.size:
                 _fail(f"input {name!r} needs {dst.size} elements, the feed has {src.size}")
             dst.reshape(-1)[:] = src.astype(dst.dtype).reshape(-1)
