@@ -40,9 +40,37 @@ class BuildRequest:
 @dataclass
 class BuildResult:
     artifacts: list[Path]
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # the target's own figures (`details` in record())
     notes: list[str] = field(default_factory=list)  # for the user: printed as `note:` lines
     target: str = ""  # the target that built it
+    chip: str | None = None  # what it was built for (the target's default when none was asked)
+    quant: str | None = None
+    weight_bytes: int | None = None  # the constants the artifact carries
+    host_ops: int = 0  # ops left to the host: runtime CPU functions, CPU custom layers, host tails
+
+    def record(self) -> dict[str, Any]:
+        """The machine-readable summary (`npuc build --json`): these keys for every target; what only one target
+        has is under `details`."""
+        from .version import VERSION
+
+        return {
+            "npuc": VERSION,
+            "target": self.target,
+            "chip": self.chip,
+            "quant": self.quant,
+            "artifacts": [{"path": str(a), "bytes": _artifact_bytes(a)} for a in self.artifacts],
+            "weight_bytes": self.weight_bytes,
+            "host_ops": self.host_ops,
+            "notes": list(self.notes),
+            "details": self.summary,
+        }
+
+
+def _artifact_bytes(path: Path) -> int:
+    """A file's size, or the total of a folder's files."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in sorted(path.rglob("*")) if f.is_file())
+    return path.stat().st_size if path.is_file() else 0
 
 
 @dataclass(frozen=True)

@@ -236,3 +236,27 @@ def test_input_shape_names_may_hold_colons():
     assert parse_input_shapes(["input:0:1,224,224,3", "x:1,3"]) == {"input:0": (1, 224, 224, 3), "x": (1, 3)}
     with pytest.raises(UserError, match="bad --input-shape 'x:1,a'"):
         parse_input_shapes(["x:1,a"])
+
+
+def test_build_json_has_one_key_set_for_every_target(tmp_path: Path) -> None:
+    """`npuc build --json` prints the same keys whatever the target (README: machine-readable output); what only
+    one target has is under `details`."""
+    import json
+
+    from npuc.compiler.version import VERSION
+
+    model, table = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx", GOLDEN_ROOT / "cv18xx" / "smallcnn_cali_table.txt"
+    records = {}
+    for target in ("cv18xx", "bm1880", "dmp", "lyngor", "bpu"):
+        calib = ["--calib", str(table)] if target in ("cv18xx", "bm1880", "bpu") else []
+        result = npuc("build", str(model), "--target", target, *calib, "-o", str(tmp_path / target), "--json")
+        assert result.returncode == 0, result.stderr
+        records[target] = json.loads(result.stdout)
+    keys = {"npuc", "target", "chip", "quant", "artifacts", "weight_bytes", "host_ops", "notes", "details"}
+    for target, record in records.items():
+        assert set(record) == keys and record["npuc"] == VERSION and record["target"] == target, record
+        assert record["chip"] and record["quant"] and isinstance(record["host_ops"], int)
+        assert isinstance(record["notes"], list) and isinstance(record["details"], dict)
+        assert record["artifacts"] and all(a["bytes"] > 0 and Path(a["path"]).exists() for a in record["artifacts"])
+    assert records["cv18xx"]["chip"] == "cv181x" and records["cv18xx"]["quant"] == "int8"
+    assert records["cv18xx"]["weight_bytes"] > 0 and records["dmp"]["weight_bytes"] > 0

@@ -63,7 +63,7 @@ def test_build_reads_it_and_equals_float_layers(calibrated, tmp_path: Path) -> N
     auto = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(table), "-o", str(tmp_path / "a.cvimodel"),
                  "--json")  # fmt: skip
     assert auto.returncode == 0, auto.stderr
-    assert json.loads(auto.stdout)["qtable_bf16_layers"] == layers
+    assert json.loads(auto.stdout)["details"]["qtable_bf16_layers"] == layers
     explicit = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(table), "--qtable", str(beside(table)),
                      "-o", str(tmp_path / "b.cvimodel"))  # fmt: skip
     assert explicit.returncode == 0 and f"note: {len(layers)} layer(s) kept in bf16 by" in explicit.stdout

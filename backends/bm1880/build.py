@@ -179,6 +179,6 @@ def build(request: BuildRequest) -> BuildResult:
                 "(transpose it before feeding; `npuc run` calls it "
                 f"'{input_name(index)}')"
             )
-    if notes:
-        summary["notes"] = notes
-    return BuildResult([output], summary, list(notes))
+    host = sum(len(n.split(": ", 1)[1].split(", ")) for n in notes if n.startswith("left to the host"))
+    return BuildResult([output], summary, list(notes), chip="bm1880", quant="int8",
+                       weight_bytes=summary["weight_bytes"], host_ops=host)  # fmt: skip

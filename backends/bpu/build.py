@@ -248,4 +248,6 @@ def build_bpu(request: BuildRequest) -> BuildResult:
             "inputs": len(contract.inputs),
             "outputs": len(contract.outputs),
         },
+        chip=opts.march,
+        quant="int8",
     )

@@ -361,6 +361,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
         **({"cpu_softmax_routines": len(islands)} if islands else {}),
     }
     cpu = [CPU_FUNCTION_OF_KIND[op.kind] for op in [*cpu_ops, *islands, *tail_ops]]
+    summary["cpu_functions"] = len(cpu)
     if chip.name == "cv180x" and cpu:  # specs/cv18xx.md §2: its runtime is built with ENABLE_CPU_FUNC=OFF
         qgraph.notes.append(
             f"the cv180x runtime has no CPU functions, and this model needs {len(cpu)} ({', '.join(sorted(set(cpu)))}):"
@@ -491,4 +492,5 @@ def build(request: BuildRequest) -> BuildResult:
     given = request.output  # an existing path (a folder, /dev/null) is kept as given and refused on writing
     out = given if given.suffix or os.path.exists(given) or not given.name else given.with_suffix(".cvimodel")
     atomic_write_bytes(Path(out), data)
-    return BuildResult([Path(out)], summary, notes)
+    return BuildResult([Path(out)], summary, notes, chip=summary["chip"], quant=summary["quant"],
+                       weight_bytes=summary["weight_bytes"], host_ops=summary["cpu_functions"])  # fmt: skip

@@ -71,7 +71,8 @@ def build(request: BuildRequest) -> BuildResult:
         notes.append(
             f"{sum(cpu.values())} of {len(net.layers)} layers are CPU custom layers ({kinds}); the host runs them"
         )
-    return BuildResult(files, summary, notes)
+    return BuildResult(files, summary, notes, chip="dv700", quant=quant, weight_bytes=net.weights_size,
+                       host_ops=sum(cpu.values()))  # fmt: skip
 
 
 def cpu_layer_counts(net: Network) -> dict[str, int]:

@@ -210,4 +210,5 @@ def build_tree(request: BuildRequest) -> BuildResult:
         return build_delegate(request, opts)
     parts = compile_tree(resolution_graphs(request, opts), opts)
     write_tree_atomic(request.output, parts.files)
-    return BuildResult([Path(request.output)], {"target": "lyngor", **parts.summary})
+    return BuildResult([Path(request.output)], {"target": "lyngor", **parts.summary}, chip="ka200", quant="fp16",
+                       weight_bytes=parts.summary["dat_size"])  # fmt: skip

@@ -136,4 +136,4 @@ def build_delegate(request: BuildRequest, opts: LyngorOptions) -> BuildResult:
     finish = (lambda folder: _run_vendor(folder, len(resolutions))) if vendor else None
     atomic_write_tree(request.output, files, finish, what="a Lyngor build")
     summary = {"target": "lyngor", "delegate": True, "vendor_built": vendor, "resolutions": len(resolutions)}
-    return BuildResult([Path(request.output)], summary)
+    return BuildResult([Path(request.output)], summary, chip="ka200", quant="fp16")

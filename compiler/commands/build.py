@@ -109,10 +109,8 @@ def register(app: typer.Typer) -> None:
         result = api.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
                            input_shapes=input_shape, options=options, config=config, depfile=depfile,
                            qtable=qtable, recalibrate=recalibrate)  # fmt: skip
-        chosen = result.target
         if as_json:
-            summary = {"target": chosen, "artifacts": [str(a) for a in result.artifacts], **result.summary}
-            typer.echo(json.dumps(summary, indent=2, default=str))
+            typer.echo(json.dumps(result.record(), indent=2, default=str))
             return
         for note in result.notes:
             typer.echo(f"note: {note}")
