@@ -99,15 +99,14 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     if not may_fit and (fit == choose or len(choose) < FIT_MIN_JUDGES):
         may_fit = f"it is judged on samples it does not fit: give {5 * FIT_MIN_JUDGES + 3} or more samples"
     if may_fit:
-        fitting = FitChoice(False, 0.0, None, 0, 0, may_fit)
+        fitting = FitChoice(0.0, 0, 0, may_fit)
     else:
         fit_feeds = [load_sample(f, plan.inputs, pre) for f in fit[: FIT_OPTIONS.refine_samples]]
         fitting = choose_fitted(model, plan, table, fit_feeds, feeds, shapes or None, layers, budget)
     refinement = None
     if fitting.kept:
         table = fitting.table
-        split = f", split {len(fitting.groupings)} runs" if fitting.groupings else ""
-        table.method = f"auto ({choice.method}{others}{split}, tune {FIT_OPTIONS.tune}, refit {fitting.fitted_samples})"
+        table.method = f"auto ({choice.method}{others}, {fitting.header()})"
         patterns = {name: [n for n in found if n in fitting.known] for name, found in patterns.items()}
         layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
         fitted = replace(fitted, refinement=fitting.refit, groupings=fitting.groupings)

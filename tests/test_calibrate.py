@@ -372,7 +372,7 @@ def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp
     assert len(files) >= 10
     done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "auto.txt", fit=False)
     again = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "again.txt", fit=False)
-    assert "split/tune/refit not tried: --no-fit" in done.details
+    assert "sample fits (tune; split/tune/refit) not tried: --no-fit" in done.details
     assert (tmp_path / "auto.txt").read_bytes() == (tmp_path / "again.txt").read_bytes()
     assert [d for d in done.details if "per tensor" in d] == [d for d in again.details if "per tensor" in d]
     report = [d for d in done.report if d.startswith("held-out (")]
@@ -394,9 +394,10 @@ def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp
 
 
 def test_auto_method_keeps_the_fit_only_when_it_wins_on_samples_it_never_saw(tmp_path: Path) -> None:
-    """The fitted candidate (channel split, tune step, weight refit) is fitted on the samples that did not choose
-    the method and judged against the plain table on those that did: the side file exists exactly when it won,
-    the table says so in its header, a build replays it, and the same inputs give the same bytes."""
+    """The fitted candidates (the tune step alone; channel split + tune step + weight refit) are fitted on the
+    samples that did not choose the method and judged against the plain table on those that did: the table's
+    header names the kept one, the side file exists exactly when it changes constants or the graph, a build
+    replays it, and the same inputs give the same bytes."""
     import npuc
     from npuc.passes.calitable import read_table
     from npuc.passes.refinement import load_refinement, side_file
@@ -407,13 +408,15 @@ def test_auto_method_keeps_the_fit_only_when_it_wins_on_samples_it_never_saw(tmp
         twin = tmp_path / name.replace("t.txt", "again.txt")
         assert (tmp_path / name).exists() == twin.exists()
         assert not twin.exists() or (tmp_path / name).read_bytes() == twin.read_bytes()
-    fit = [d for d in done.details if d.startswith("split/tune/refit")]
-    assert len(fit) == 1 and "samples it never saw" in fit[0], done.details
-    kept = "samples kept:" in fit[0]
+    fit = [d for d in done.details if d.startswith("sample fits")]
+    assert len(fit) == 1 and "samples they never saw: plain " in fit[0], done.details
+    assert ", tune " in fit[0] and ", split/tune/refit " in fit[0]  # both candidates measured
+    kept = fit[0].rsplit("; ", 1)[1].removeprefix("kept: ") if "; kept: " in fit[0] else None
     table = read_table(tmp_path / "t.txt")
-    assert side_file(tmp_path / "t.txt").is_file() == kept == ("refit" in table.method)
-    if kept:
-        assert table.tune_number == 5 and load_refinement(side_file(tmp_path / "t.txt")).constants
+    assert side_file(tmp_path / "t.txt").is_file() == (kept == "split/tune/refit") == ("refit" in table.method)
+    assert (kept is not None) == ("tune 5" in table.method) == (table.tune_number == 5)
+    if kept == "split/tune/refit":
+        assert load_refinement(side_file(tmp_path / "t.txt")).constants
         built = npuc.build(MODEL, "cv18xx", tmp_path / "m.cvimodel", calib=tmp_path / "t.txt")
         assert any("refined constants from" in n for n in built.notes)
     # a later run whose table is not fitted removes the side file it would otherwise leave for the build
