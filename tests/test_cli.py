@@ -260,3 +260,15 @@ def test_build_json_has_one_key_set_for_every_target(tmp_path: Path) -> None:
         assert record["artifacts"] and all(a["bytes"] > 0 and Path(a["path"]).exists() for a in record["artifacts"])
     assert records["cv18xx"]["chip"] == "cv181x" and records["cv18xx"]["quant"] == "int8"
     assert records["cv18xx"]["weight_bytes"] > 0 and records["dmp"]["weight_bytes"] > 0
+
+
+@pytest.mark.parametrize("command", ["build", "calibrate", "calibrate merge", "compare", "export", "inspect", "run",
+                                     "targets"])  # fmt: skip
+def test_every_command_help_has_an_example(command: str) -> None:
+    result = npuc(*command.split(), "--help")
+    assert result.returncode == 0 and "Example: npuc " + command.split()[0] in " ".join(result.stdout.split())
+
+
+def test_calibrate_help_shows_the_options_of_its_default_subcommand() -> None:
+    text = " ".join(npuc("calibrate", "--help").stdout.split())
+    assert "--data" in text and "--method" in text and "npuc calibrate merge --help" in text

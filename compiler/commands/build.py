@@ -35,11 +35,17 @@ def register(app: typer.Typer) -> None:
         model: Path = typer.Argument(None, help="The ONNX model to compile (optional with --config)."),
         target: str = typer.Option(None, "--target", "-t", help="Target name (see `npuc targets`; bpu with --config)."),
         output: Path = typer.Option(None, "--output", "-o", help="Artifact path (default: <model>_<target>)."),
-        chip: str = typer.Option(None, "--chip", help="Chip of the target family."),
-        quant: str = typer.Option(None, "--quant", help="Number format (target-specific, e.g. int8, bf16, fp16)."),
+        chip: str = typer.Option(
+            None, "--chip", help="Chip of the target family (default: cv18xx cv181x; the others have one chip)."
+        ),
+        quant: str = typer.Option(
+            None, "--quant", help="Number format (default: int8 for cv18xx, bm1880, bpu; fp16 for dmp, lyngor)."
+        ),
         calib: Path = typer.Option(None, "--calib", help="Calibration table (tpu-mlir cali_table)."),
         weights: Path = typer.Option(None, "--weights", help="Caffe weights (.caffemodel) for a .prototxt MODEL."),
-        opt: str = typer.Option(None, "--opt", help="bm1880 layer groups: none, layer-group, layer-group-weight."),
+        opt: str = typer.Option(
+            None, "--opt", help="bm1880 layer groups: none, layer-group (default), layer-group-weight."
+        ),
         input_shape: list[str] = typer.Option(
             [], "--input-shape", help="NAME:D0,D1,...; repeat an input for several resolutions."
         ),
@@ -78,7 +84,10 @@ def register(app: typer.Typer) -> None:
             False, "--recalibrate", help="With --config: calibrate again even if the table in working_dir is current."
         ),
     ) -> None:
-        """Compile MODEL for a target and write the artifact atomically."""
+        """Compile MODEL for a target and write the artifact atomically.
+
+        Example: npuc build model.onnx --target cv18xx --chip cv181x --calib model.cali_table -o model.cvimodel
+        """
         options: dict[str, Any] = dict(_parse_option(o) for o in option)
         if name is not None:
             options["name"] = name

@@ -29,14 +29,14 @@ from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, p
 from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_BUDGET, DEFAULT_MAX_FLOAT_LAYERS
 
 DEFAULT_COMMAND = "run"
-HELP_FLAGS = ("--help", "-h")
 
 
 class DefaultCommandGroup(TyperGroup):
-    """A group that runs DEFAULT_COMMAND when the first argument names no subcommand."""
+    """A group that runs DEFAULT_COMMAND when the first argument names no subcommand; `--help` shows its options
+    (what `npuc calibrate MODEL ...` takes), and its help names the other subcommands."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:  # noqa: ANN001 - click's Context
-        if args and args[0] not in self.commands and args[0] not in HELP_FLAGS:
+        if args and args[0] not in self.commands:
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
@@ -193,7 +193,11 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "fail",
     ) -> None:
-        """Calibrate MODEL on sample data and write a tpu-mlir cali_table."""
+        """Calibrate MODEL on sample data and write a tpu-mlir cali_table (`run` is the default subcommand;
+        `npuc calibrate merge --help` combines shards).
+
+        Example: npuc calibrate model.onnx --data photos/ --mean 123.675,116.28,103.53 --scale 0.0171 -o t.cali_table
+        """
         from npuc import api
 
         pre = preprocess(mean, scale, color, resize, layout)
@@ -224,7 +228,10 @@ def register(app: typer.Typer) -> None:
         method: Annotated[str, typer.Option("--method", help=MERGE_METHOD_HELP)] = "kl",
         percentile: Annotated[float, typer.Option("--percentile", help="Percentile for --method percentile.")] = 99.99,
     ) -> None:
-        """Merge statistics shards into one table (identical to a single run) or one statistics file."""
+        """Merge statistics shards into one table (identical to a single run) or one statistics file.
+
+        Example: npuc calibrate merge shard0.npz shard1.npz -o model.cali_table
+        """
         from npuc import api
 
         api.merge_calibration(stats, output, save_stats=save_stats_path, method=method, percentile=percentile)

@@ -74,7 +74,10 @@ def register(app: typer.Typer) -> None:
         resize: TableResize = None,
         layout: TableLayout = None,
     ) -> None:
-        """Per-output and per-layer agreement of the quantized reference with onnxruntime float."""
+        """Per-output and per-layer agreement of the quantized reference with onnxruntime float.
+
+        Example: npuc compare model.onnx --calib model.cali_table --data photos/ --json
+        """
         from npuc.frontends.onnx import parse_input_shapes
         from npuc.passes.compare import auto_mixed, load_comparison
 

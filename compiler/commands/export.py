@@ -81,7 +81,10 @@ def register(app: typer.Typer) -> None:
             None, "--form", help="exact (integer ops, bit-exact with npuc; default where available) or plain QDQ."
         ),
     ) -> None:
-        """Export MODEL as TARGET quantizes it, as a QDQ ONNX model onnxruntime runs."""
+        """Export MODEL as TARGET quantizes it, as a QDQ ONNX model onnxruntime runs.
+
+        Example: npuc export model.onnx --target cv18xx --calib model.cali_table --qdq -o model_int8.onnx
+        """
         from npuc.frontends.onnx import parse_input_shapes
 
         if not qdq:

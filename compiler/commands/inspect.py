@@ -45,7 +45,10 @@ def register(app: typer.Typer) -> None:
         quant: str = typer.Option(None, "--quant", help="With --target: check this number format only."),
         chip: str = typer.Option(None, "--chip", help="With --target: check for this chip."),
     ) -> None:
-        """Print what a model or artifact contains (ops, shapes, FLOPs; headers, sections, tensors)."""
+        """Print what a model or artifact contains (ops, shapes, FLOPs; headers, sections, tensors).
+
+        Example: npuc inspect model.onnx --target all   (every op each target cannot run, before calibrating)
+        """
         from npuc import api
 
         if target is None and (quant is not None or chip is not None):

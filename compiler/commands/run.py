@@ -108,7 +108,10 @@ def register(app: typer.Typer) -> None:
         resize: Resize = None,
         layout: Layout = "nchw",
     ) -> None:
-        """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes)."""
+        """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes).
+
+        Example: npuc run model.cvimodel --input photo.jpg -o outputs.npz
+        """
         import numpy as np
 
         from npuc.compiler.artifacts import ArtifactOptions, detect

@@ -10,7 +10,10 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("targets")
     def targets(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-        """List the targets npuc knows, their chips, number formats and status."""
+        """List the targets npuc knows, their chips, number formats and status.
+
+        Example: npuc targets --json
+        """
         from npuc.compiler.targets import all_targets
 
         rows = [
