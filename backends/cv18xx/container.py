@@ -18,6 +18,7 @@ from npuc.backends.cv18xx import fbcodec
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.fbs import Schema, load_schema
 from npuc.compiler.errors import CorruptFileError, UserError
+from npuc.compiler.fileio import read_limited
 
 MAGIC = b"CviModel"
 HEADER = struct.Struct("<8sIBB16s16s2s")  # magic, body_size, major, minor, md5, chip, padding
@@ -25,6 +26,7 @@ HEADER_SIZE = HEADER.size  # 48
 VERSION = (1, 4, 0)
 REGION_WEIGHT = 1
 MAX_REGIONS = 8
+MAX_CVIMODEL_BYTES = 1 << 30  # the largest CV18xx board has 512 MiB of ION memory
 
 # Order in which tpu-mlir's CviModelBuilder serializes the out-of-line children of each table; only byte
 # placement depends on it. Tables not listed follow declaration order, like flatc's Create* helpers.
@@ -130,7 +132,7 @@ def read_cvimodel(source: str | Path | bytes, where: str | None = None) -> CviMo
     if isinstance(source, (bytes, bytearray, memoryview)):
         data, where = bytes(source), where or "<cvimodel bytes>"
     else:
-        data, where = Path(source).read_bytes(), where or str(source)
+        data, where = read_limited(Path(source), "cvimodel", MAX_CVIMODEL_BYTES), where or str(source)
     header = read_header(data, where)
     body_end = HEADER_SIZE + header.body_size
     body = fbcodec.decode(model_schema(), data[HEADER_SIZE:body_end], f"{where} (body at offset 48)")

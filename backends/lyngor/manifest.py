@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from npuc.compiler.errors import CorruptFileError, UserError
+from npuc.compiler.fileio import read_limited
 
 from .fields import (
     ANY,
@@ -292,10 +293,8 @@ def is_tree(path: Path) -> bool:
 def load_json(path: Path, where: str) -> Any:
     if not path.is_file():
         raise CorruptFileError(f"{where}: file is missing; the output tree is incomplete, rebuild it")
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise CorruptFileError(f"{where}: {path.stat().st_size} bytes is too large for a manifest")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(read_limited(path, "Lyngor manifest", MAX_MANIFEST_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = f"line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "bad UTF-8"
         raise CorruptFileError(f"{where}: not valid JSON ({detail}); the file is truncated or edited") from None
