@@ -41,14 +41,33 @@ def field_path(parts: Any) -> str:
     return out or "(top level)"
 
 
-def violation(data: Any, schema: dict[str, Any]) -> tuple[str, Any, str] | None:
-    """The first violation (field path, value, what the schema wants), or None when `data` conforms."""
+def violation(data: Any, schema: dict[str, Any]) -> str | None:
+    """The first violation as "field.path = value what-is-wrong", or None when `data` conforms."""
     from jsonschema.exceptions import best_match
 
     error = best_match(_validator(schema).iter_errors(data))
     if error is None:
         return None
-    return field_path(error.absolute_path), error.instance, _reason(error)
+    path = field_path(error.absolute_path)
+    keyword, expected = error.validator, error.validator_value
+    if keyword == "required":  # name the field, not the whole object that lacks it
+        missing = [k for k in expected if isinstance(error.instance, dict) and k not in error.instance]
+        return f"{_join(path, missing[0] if missing else expected)} is missing"
+    if keyword == "additionalProperties" and isinstance(error.instance, dict):
+        extra = _unknown_keys(error.instance, error.schema)
+        return f"{_join(path, extra[0] if extra else '?')} is not a field of this format"
+    return f"{path} = {shown(error.instance)} {_reason(error)}"
+
+
+def _join(path: str, key: Any) -> str:
+    return str(key) if path == "(top level)" else f"{path}.{key}"
+
+
+def _unknown_keys(instance: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    import re
+
+    known, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    return [k for k in instance if k not in known and not any(re.search(p, k) for p in patterns)]
 
 
 def _reason(error: Any) -> str:
@@ -64,11 +83,6 @@ def _reason(error: Any) -> str:
         return f"is not one of {', '.join(shown_choices)}"
     if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
         return f"breaks {keyword} {expected}"
-    if keyword == "required":
-        missing = [k for k in expected if isinstance(error.instance, dict) and k not in error.instance]
-        return f"lacks the field {missing[0] if missing else expected}"
-    if keyword == "additionalProperties":
-        return "has a field the format does not define"
     if keyword == "pattern":
         return f"does not match {expected}"
     return f"breaks {keyword} {shown(expected)}"
@@ -82,5 +96,4 @@ def check(
     found = violation(data, schema)
     if found is None:
         return data
-    path, value, reason = found
-    raise error(f"{where}: {path} = {shown(value)} {reason}; {fix}")
+    raise error(f"{where}: {found}; {fix}")

@@ -11,9 +11,11 @@ import numpy as np
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import CorruptFileError
 from npuc.compiler.fileio import read_limited
+from npuc.compiler.schema import check
 
 from .codegen import LAYERS_SUFFIX
 from .layers import ACT_NAMES, FORMAT, Network, kernel_wh, network_from_dict, unpack2
+from .schema import LAYERS_JSON
 
 MAX_TABLE_BYTES = 64 << 20
 
@@ -44,7 +46,7 @@ def load_network(path: Path) -> tuple[Network, bytes]:
         data = json.loads(read_limited(table, "DMP layer table", MAX_TABLE_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptFileError(f"{table}: not valid JSON ({exc}); regenerate the output") from None
-    net = network_from_dict(data, str(table))
+    net = network_from_dict(check(data, LAYERS_JSON, str(table), "the layer table is damaged, rebuild the output"))
     weights = table.parent / f"{net.name}_weights.bin"
     if not weights.is_file():
         raise CorruptFileError(f"{weights} is missing; the folder must hold the weights next to the layer table")
