@@ -129,8 +129,8 @@ def _bounded_loader() -> type:
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1
                 if self.aliases > MAX_ALIASES:
-                    mark = self.peek_event().start_mark
-                    raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (line {mark.line + 1})")
+                    problem = f"more than {MAX_ALIASES} aliases; a build config needs none"
+                    raise yaml.composer.ComposerError(None, None, problem, self.peek_event().start_mark)
             return super().compose_node(parent, index)
 
     return BoundedLoader

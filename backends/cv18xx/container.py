@@ -163,6 +163,20 @@ def _read_sections(body: Any, blob: bytes, where: str, blob_start: int) -> dict[
     return out
 
 
+MAX_REGION_BYTES = 1 << 30  # the boards carry 64 MiB (cv180x) to 1-4 GiB (cv183x) of DRAM for everything
+
+
+def gmem_sizes(prog: Any) -> dict[int, int]:
+    """Bytes of each gmem region a program uses: shared (0) and private (2) as declared, each io region
+    (>= 3) as far as its tensors reach."""
+    sizes = {0: prog.shared_gmem, 2: prog.private_gmem}
+    for t in prog.tensor_map:
+        region = t.offset >> 40
+        if region >= 3:
+            sizes[region] = max(sizes.get(region, 0), (t.offset & ((1 << 40) - 1)) + t.size)
+    return sizes
+
+
 def _validate_body(model: CviModel, where: str) -> None:
     body = model.body
     if body.version.major_ != VERSION[0] or body.version.minor_ > VERSION[1]:
@@ -192,6 +206,11 @@ def _validate_body(model: CviModel, where: str) -> None:
             if len(t.shape.dim) < 4:
                 raise _fail(where, f"{tag} has a {len(t.shape.dim)}-d shape (the runtime reads 4 dims)")
             names.add(t.name)
+        for region, size in gmem_sizes(prog).items():
+            if not 0 <= size <= MAX_REGION_BYTES:
+                field = {0: "shared_gmem", 2: "private_gmem"}.get(region, f"tensor_map (io region {region})")
+                raise _fail(where, f"programs[{pi}].{field}: gmem region {region} of {size} bytes is beyond any "
+                            f"CV18xx board ({MAX_REGION_BYTES} at most)")  # fmt: skip
         referenced = [*prog.input_tensors, *prog.output_tensors]
         for r in prog.routines:
             referenced += [*(r.in_tensors or []), *(r.out_tensors or [])]
