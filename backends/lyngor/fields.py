@@ -115,7 +115,7 @@ def obj(table: Table) -> Kind:
 
 def keyed(pattern: str, table: Table | None, value_kind: Kind | None = None) -> Kind:
     """A JSON object whose keys match `pattern` (full match); each value is `table` (or `value_kind`)."""
-    regex = re.compile(pattern)
+    regex = re.compile(pattern, re.DOTALL)  # a model input name may hold a newline
     inner = value_kind or obj(table or ())
 
     def enc(values: dict[str, Any]) -> dict[str, Any]:
