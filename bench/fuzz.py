@@ -4,8 +4,9 @@
 
 Seeds are made here from the bundled tinycnn (built for each target) and a calibration of it. Each case is
 one seeded mutation (bit flips, byte runs, truncation, a chunk repeated; for the JSON/YAML inside folder
-artifacts and configs, a value replaced by one of another type or out of range) read the way the CLI
-would (`npuc inspect`, `npuc run`, the table readers, `build --config`). Outcomes:
+artifacts and configs, and for the op list inside the Lyngor program file (`lyngor_program`, re-wrapped with
+a valid CRC), a value replaced by one of another type or out of range) read the way the CLI would (`npuc
+inspect`, `npuc run`, the table readers, `build --config`). Outcomes:
 - `ok` (read fine) and `user` (npuc.UserError: exit 2, one line) are the only acceptable ones;
 - `internal` (any other exception: exit 1), `hang` (over --timeout seconds), `memory` (MemoryError under the
   --memory-gib address-space limit) are defects; the first few signatures of each are printed.
@@ -140,6 +141,25 @@ def mutate_tree(seed: Path, out: Path, rng: random.Random) -> None:
     victim.write_bytes(mutate_bytes(data, rng))
 
 
+def mutate_program(seed: Path, out: Path, rng: random.Random) -> None:
+    """A copy of a Lyngor tree whose program section (the op list) has one JSON value replaced, re-wrapped with a
+    valid header and CRC and the sizes updated, so the damage reaches the op-list reader."""
+    import shutil
+
+    from npuc.backends.lyngor.payload import read_program, write_program
+
+    shutil.copytree(seed, out)
+    apu_x = out / "Net_0" / "apu_0" / "apu_x"
+    sections = read_program((apu_x / "npuc_prog.bin").read_bytes(), "seed")
+    doc = mutate_json(json.loads(sections[0]), rng)
+    data = write_program([json.dumps(doc).encode(), *sections[1:]])
+    (apu_x / "npuc_prog.bin").write_bytes(data)
+    for name, holder in (("npuc_apu.json", lambda d: d), ("apu.json", lambda d: d["apu_x"])):
+        manifest = json.loads((apu_x / name).read_text())
+        holder(manifest)["cmd_size"] = len(data)
+        (apu_x / name).write_text(json.dumps(manifest))
+
+
 def mutate_yaml(seed: Path, out: Path, rng: random.Random) -> None:
     lines = seed.read_text().splitlines()
     i = rng.randrange(len(lines))
@@ -238,6 +258,7 @@ FORMATS: dict[str, tuple[str, Callable[[Path], None]]] = {  # kind -> (seed, rea
     "qtable": ("qtable", _read_qtable),
     "npz": ("npz", _read_npz),
     "lyngor": ("lyngor", _inspect_and_run),
+    "lyngor_program": ("lyngor", _inspect_and_run),
     "dmp": ("dmp", _inspect_and_run),
     "hb_yaml": ("hb_yaml", _build_config),
     "caffe_prototxt": ("caffe_prototxt", _caffe_prototxt),
@@ -271,7 +292,9 @@ def run_format(kind: str, seeds: dict[str, str], count: int, seed: int, timeout:
     with tempfile.TemporaryDirectory(prefix=f"npuc-fuzz-{kind}-") as scratch:
         for i in range(count):
             case = Path(scratch) / f"case{i}{original.suffix}"
-            if original.is_dir():
+            if kind == "lyngor_program":
+                mutate_program(original, case, rng)
+            elif original.is_dir():
                 mutate_tree(original, case, rng)
             elif kind in ("caffe_prototxt", "caffemodel"):
                 partner = "lenet_float.caffemodel" if kind == "caffe_prototxt" else "lenet_deploy.prototxt"
