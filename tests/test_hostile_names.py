@@ -87,6 +87,24 @@ def test_float_targets_with_whitespace_in_every_name(tmp_path: Path) -> None:
     assert api.run(cvi, _feed(SPACED))[SPACED["out"]].shape == (1, 8, 8, 8)
 
 
+def test_dmp_sources_from_hostile_tensor_names_and_name(tmp_path: Path) -> None:
+    from npuc.backends.dmp.codegen import INCLUDE_DIR
+
+    model = _model(tmp_path / "m.onnx", SPACED)
+    out = tmp_path / "dmp"
+    api.build(model, "dmp", out, options={"name": "../../evil();\n*/"})
+    _only_output(tmp_path, out)
+    sources = sorted(p for p in out.iterdir() if p.suffix in (".cpp", ".h"))
+    assert [p.name for p in sources] == ["______evil_______gen.cpp", "______evil_______gen.h"]
+    for path in sources:
+        code = _c_code(path)
+        assert "injected" not in code and "evil(" not in code
+    compiled = subprocess.run(["g++", "-std=c++14", "-fsyntax-only", "-I", str(INCLUDE_DIR), str(sources[0])],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr[-1500:]
+    assert api.run(out, _feed(SPACED))[SPACED["out"]].shape == (1, 8, 8, 8)
+
+
 def test_calibrate_refuses_names_a_table_cannot_hold(tmp_path: Path) -> None:
     model = _model(tmp_path / "m.onnx", SPACED)
     (tmp_path / "data").mkdir()
