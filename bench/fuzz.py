@@ -4,8 +4,9 @@
 
 Seeds are made here from the bundled tinycnn (built for each target) and a calibration of it. Each case is
 one seeded mutation (bit flips, byte runs, truncation, a chunk repeated; for the JSON/YAML inside folder
-artifacts and configs, a value replaced by one of another type or out of range) read the way the CLI
-would (`npuc inspect`, `npuc run`, the table readers, `build --config`). Outcomes:
+artifacts and configs, and for the op list inside the Lyngor program file (`lyngor_program`, re-wrapped with
+a valid CRC), a value replaced by one of another type or out of range) read the way the CLI would (`npuc
+inspect`, `npuc run`, the table readers, `build --config`). Outcomes:
 - `ok` (read fine) and `user` (npuc.UserError: exit 2, one line) are the only acceptable ones;
 - `internal` (any other exception: exit 1), `hang` (over --timeout seconds), `memory` (MemoryError under the
   --memory-gib address-space limit) are defects; the first few signatures of each are printed.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import resource
 import signal
@@ -60,7 +62,8 @@ def make_seeds(folder: Path) -> dict[str, Path]:
     npuc.build(model, "bm1880", folder / "m.bmodel", calib=table)
     npuc.build(model, "lyngor", folder / "lyngor")
     npuc.build(model, "dmp", folder / "dmp")
-    golden = Path(__file__).resolve().parents[2] / "shared" / "golden" / "bm1880"
+    shared = os.environ.get("NPUC_SHARED") or Path(__file__).resolve().parents[2] / "shared"  # as tests/golden.py
+    golden = Path(shared) / "golden" / "bm1880"
     vendor = {}
     if golden.is_dir():  # the SDK's own files, when the golden set sits beside the repository
         for name in ("lenet_deploy.prototxt", "lenet_float.caffemodel", "mtcnn_det2_rnet_nchw.bmodel"):
@@ -136,6 +139,25 @@ def mutate_tree(seed: Path, out: Path, rng: random.Random) -> None:
         except ValueError:
             pass
     victim.write_bytes(mutate_bytes(data, rng))
+
+
+def mutate_program(seed: Path, out: Path, rng: random.Random) -> None:
+    """A copy of a Lyngor tree whose program section (the op list) has one JSON value replaced, re-wrapped with a
+    valid header and CRC and the sizes updated, so the damage reaches the op-list reader."""
+    import shutil
+
+    from npuc.backends.lyngor.payload import read_program, write_program
+
+    shutil.copytree(seed, out)
+    apu_x = out / "Net_0" / "apu_0" / "apu_x"
+    sections = read_program((apu_x / "npuc_prog.bin").read_bytes(), "seed")
+    doc = mutate_json(json.loads(sections[0]), rng)
+    data = write_program([json.dumps(doc).encode(), *sections[1:]])
+    (apu_x / "npuc_prog.bin").write_bytes(data)
+    for name, holder in (("npuc_apu.json", lambda d: d), ("apu.json", lambda d: d["apu_x"])):
+        manifest = json.loads((apu_x / name).read_text())
+        holder(manifest)["cmd_size"] = len(data)
+        (apu_x / name).write_text(json.dumps(manifest))
 
 
 def mutate_yaml(seed: Path, out: Path, rng: random.Random) -> None:
@@ -236,6 +258,7 @@ FORMATS: dict[str, tuple[str, Callable[[Path], None]]] = {  # kind -> (seed, rea
     "qtable": ("qtable", _read_qtable),
     "npz": ("npz", _read_npz),
     "lyngor": ("lyngor", _inspect_and_run),
+    "lyngor_program": ("lyngor", _inspect_and_run),
     "dmp": ("dmp", _inspect_and_run),
     "hb_yaml": ("hb_yaml", _build_config),
     "caffe_prototxt": ("caffe_prototxt", _caffe_prototxt),
@@ -269,7 +292,9 @@ def run_format(kind: str, seeds: dict[str, str], count: int, seed: int, timeout:
     with tempfile.TemporaryDirectory(prefix=f"npuc-fuzz-{kind}-") as scratch:
         for i in range(count):
             case = Path(scratch) / f"case{i}{original.suffix}"
-            if original.is_dir():
+            if kind == "lyngor_program":
+                mutate_program(original, case, rng)
+            elif original.is_dir():
                 mutate_tree(original, case, rng)
             elif kind in ("caffe_prototxt", "caffemodel"):
                 partner = "lenet_float.caffemodel" if kind == "caffe_prototxt" else "lenet_deploy.prototxt"
@@ -331,9 +356,12 @@ def main() -> None:
         sys.exit(f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
     with tempfile.TemporaryDirectory(prefix="npuc-fuzz-seeds-") as folder:
         seeds = {k: str(v) for k, v in make_seeds(Path(folder)).items()}
+        missing = [k for k in kinds if FORMATS[k][0] not in seeds]
+        if missing:  # the vendor's files are not in this checkout: say so instead of failing mid-table
+            print(f"skipped {', '.join(missing)}: no vendor seed (set NPUC_SHARED to the folder holding golden/)")
         with ProcessPoolExecutor(args.jobs) as pool:
             jobs = [pool.submit(run_format, k, seeds, args.count, args.seed, args.timeout, args.memory_gib)
-                    for k in kinds]  # fmt: skip
+                    for k in kinds if k not in missing]  # fmt: skip
             print(f"{'format':<14} {'cases':>6} {'ok':>6} {'user':>6} {'internal':>8} {'hang':>5} {'memory':>6}")
             for job in jobs:
                 r = job.result()

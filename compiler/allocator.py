@@ -73,15 +73,17 @@ def place_first_fit(blocks: list[tuple[int, int, int]], alignment: int = 16) -> 
     allocated, then those whose last step it is are freed."""
     offsets = [0] * len(blocks)
     free, top = FreeList(alignment=alignment), 0
-    steps = sorted({b[1] for b in blocks} | {b[2] for b in blocks})
-    for step in steps:
-        for i, (size, first, _) in enumerate(blocks):
-            if first == step:
-                offsets[i] = free.alloc(size)
+    born: dict[int, list[int]] = {}
+    dying: dict[int, list[int]] = {}
+    for i, (_, first, last) in enumerate(blocks):  # indexed by step once: a scan per step was quadratic
+        born.setdefault(first, []).append(i)
+        dying.setdefault(last, []).append(i)
+    for step in sorted(born.keys() | dying.keys()):
+        for i in born.get(step, ()):
+            offsets[i] = free.alloc(blocks[i][0])
         top = max(top, free.top)
-        for i, (size, _, last) in enumerate(blocks):
-            if last == step:
-                free.release(offsets[i], size)
+        for i in dying.get(step, ()):
+            free.release(offsets[i], blocks[i][0])
     return offsets, top
 
 

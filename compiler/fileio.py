@@ -7,6 +7,7 @@ import glob
 import io
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,15 +17,31 @@ import numpy as np
 from .errors import UserError
 
 
-def read_text_file(path: Path, what: str, max_bytes: int) -> str:
-    """A UTF-8 text input of at most `max_bytes` (`what`: "calibration table", ...), or a one-line UserError."""
+def read_limited(path: Path, what: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`, or a one-line UserError. The size is checked on the
+    open file (a link to /dev/zero is refused as a device) and the read stops one byte past that size, so a file
+    growing meanwhile never costs more than `max_bytes` of memory."""
+    path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise UserError(f"{path}: {size} bytes is too large for a {what}; check the path")
-        return path.read_bytes().decode("utf-8")
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise UserError(f"{path}: not a regular file (a device, pipe or folder); pass the {what} file")
+            if info.st_size > max_bytes:
+                raise UserError(f"{path}: {info.st_size} bytes is too large for a {what} (at most {max_bytes})")
+            data = f.read(info.st_size + 1)  # read(n) reserves n bytes: ask for what the file holds, plus one
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror}; check the path") from None
+    if len(data) > info.st_size:
+        raise UserError(f"{path}: the {what} grew while it was read; read it again once it is complete")
+    return data
+
+
+def read_text_file(path: Path, what: str, max_bytes: int) -> str:
+    """A UTF-8 text input of at most `max_bytes` (`what`: "calibration table", ...), or a one-line UserError."""
+    data = read_limited(path, what, max_bytes)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: byte {exc.start} is not UTF-8 text; pass a tpu-mlir {what}") from None
 

@@ -23,8 +23,12 @@ from google.protobuf.message import DecodeError
 
 from npuc.compiler import ops
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
+from npuc.compiler.fileio import read_limited
 from npuc.compiler.ir import Graph
 from npuc.compiler.protoschema import load_proto
+
+MAX_PROTOTXT_BYTES = 64 << 20  # the largest public prototxts are a few hundred KB
+MAX_CAFFEMODEL_BYTES = (2 << 30) - 1  # protobuf messages end at 2 GiB
 
 SCHEMA_PATH = Path(__file__).with_name("caffe.proto")
 InputShapes = dict[str, tuple[int, ...]]
@@ -45,9 +49,9 @@ def caffe_schema():
 def read_prototxt(path: Path):
     """A `NetParameter` from a text prototxt; parse errors name the file, line and column."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read Caffe prototxt {path}: {exc}; check the path") from None
+        text = read_limited(Path(path), "Caffe prototxt", MAX_PROTOTXT_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: byte {exc.start} is not UTF-8 text; pass the Caffe .prototxt") from None
     net = caffe_schema().NetParameter()
     try:
         text_format.Parse(text, net)
@@ -58,10 +62,7 @@ def read_prototxt(path: Path):
 
 def read_caffemodel(path: Path):
     """A `NetParameter` with blobs from a binary `.caffemodel`."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read caffemodel {path}: {exc.strerror}; check the path") from None
+    data = read_limited(Path(path), "caffemodel", MAX_CAFFEMODEL_BYTES)
     net = caffe_schema().NetParameter()
     try:
         net.ParseFromString(data)

@@ -15,7 +15,8 @@ from npuc.compiler.errors import UserError
 from npuc.passes.calitable import CalibrationTable
 from npuc.passes.colorspace import runtime_pixels, train_picture_to_rgb
 
-from .hbconfig import CAL_DATA_TYPES, HbConfig, InputConfig
+from .hbconfig import HbConfig, InputConfig
+from .hbconfig_schema import CAL_DATA_TYPES
 
 
 def _load_array(path: Path, spec: InputConfig, raw_dtype: str | None) -> np.ndarray:

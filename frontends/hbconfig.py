@@ -20,8 +20,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from npuc.backends.bpu.contract import MARCHES
 from npuc.compiler.errors import UserError
+from npuc.compiler.schema import check
+from npuc.frontends.hbconfig_schema import GROUPS, HB_CONFIG, load_yaml
 from npuc.passes.colorspace import (
     CHANNELS,
     TRAIN_FROM_RT,
@@ -31,9 +32,7 @@ from npuc.passes.colorspace import (
 )
 from npuc.passes.colorspace import preprocess_affine as _affine
 
-GROUPS = ("model_parameters", "input_parameters", "calibration_parameters", "compiler_parameters")
 OPTIONAL_GROUPS = ("custom_op",)
-MAX_CONFIG_BYTES = 1 << 20
 # marches of the Bayes family: per-node placement/int16 (node_info), no core_num, int16 outputs
 BAYES_FAMILY = ("bayes", "bayes-e")
 DEFAULT_CALIBRATION_TYPE = "default"  # hb_mapper's value when the key is absent
@@ -41,15 +40,8 @@ TYPES_TRAIN = ("rgb", "bgr", "yuv444", "gray", "featuremap")
 TYPES_RT = ("rgb", "bgr", "yuv444", "nv12", "gray", "featuremap")
 LAYOUTS = ("NHWC", "NCHW")
 NORM_TYPES = ("data_mean_and_scale", "data_mean", "data_scale", "no_preprocess")
-CALIBRATION_TYPES = ("default", "mix", "kl", "max", "load", "skip")
-CAL_DATA_TYPES = ("float32", "uint8")
 REMOVE_NODE_TYPES = ("Quantize", "Transpose", "Dequantize", "Cast", "Reshape")
-COMPILE_MODES = ("latency", "bandwidth")
-OPTIMIZE_LEVELS = ("O0", "O1", "O2", "O3")
-INPUT_SOURCES = ("ddr", "pyramid", "resizer")
 RESIZER_MAX_PIXELS = 18432
-MAX_BATCH = 128
-MAX_TIME_PER_FC_MIN, MAX_TIME_PER_FC_MAX = 1000, (1 << 32) - 1
 OUTPUT_OPTIMIZATIONS = {
     "bernoulli2": ("set_model_output_int8",),
     "bayes": ("set_model_output_int8", "set_model_output_int16"),
@@ -165,51 +157,10 @@ def _err(source: Path, key: str, problem: str, fix: str) -> UserError:
 
 def load_config(path: str | Path) -> HbConfig:
     """Read and validate an hb_mapper YAML config."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}; check the --config path")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size} bytes is too large for a build config; pass the YAML file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; save the config as UTF-8 YAML") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise UserError(f"{path}:{where}: invalid YAML ({problem}); fix the syntax") from None
-    values = expanded_size(data)
-    if values > MAX_CONFIG_VALUES:
-        raise UserError(
-            f"{path}: the YAML expands to {values:.3g} values through its aliases (at most {MAX_CONFIG_VALUES}); "
-            "write the config without alias chains"
-        )
-    return parse_config(data, path)
-
-
-MAX_CONFIG_VALUES = 100_000  # a config holds dozens of keys; a few KB of aliases can stand for billions
-
-
-def expanded_size(data: Any) -> int:
-    """How many values `data` holds once its shared (aliased) containers are expanded, counted without
-    expanding them: a post-order walk that sizes each container once and reuses it wherever an alias points."""
-    sizes: dict[int, int] = {}
-    stack: list[tuple[Any, bool]] = [(data, False)]
-    while stack:
-        item, children_done = stack.pop()
-        if not isinstance(item, (dict, list)) or (id(item) in sizes and not children_done):
-            continue
-        children = list(item.values()) if isinstance(item, dict) else item
-        if children_done:
-            sizes[id(item)] = 1 + sum(sizes.get(id(c), 1) for c in children)
-            continue
-        sizes[id(item)] = 0  # in progress (YAML cannot make cycles through safe_load's plain containers)
-        stack.append((item, True))
-        stack.extend((c, False) for c in children if isinstance(c, (dict, list)) and id(c) not in sizes)
-    return sizes.get(id(data), 1)
+    return parse_config(load_yaml(path), path)
 
 
 def parse_config(data: Any, source: Path) -> HbConfig:
@@ -219,6 +170,7 @@ def parse_config(data: Any, source: Path) -> HbConfig:
     for group in GROUPS:
         if group not in data:
             raise _err(source, group, "group is missing", "all four groups must be present (values may be empty)")
+    check(data, HB_CONFIG, str(source), "see hb_mapper's config template for the allowed values", UserError)
     ignored: list[str] = []
     for group in data:
         if group not in GROUPS + OPTIONAL_GROUPS:
@@ -246,12 +198,7 @@ def parse_config(data: Any, source: Path) -> HbConfig:
 
 
 def _group(data: dict, group: str, source: Path) -> dict:
-    value = data.get(group)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _err(source, group, f"is a {type(value).__name__}, not a mapping", "write `key: value` lines under it")
-    return value
+    return data.get(group) or {}  # a mapping or empty: the schema checked it
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -275,13 +222,9 @@ def _required(group: dict, name: str, source: Path, key: str) -> Any:
     return group[name]
 
 
-def _bool(source: Path, key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = _text(value)
-    if text in ("True", "true", "False", "false"):
-        return text.lower() == "true"
-    raise _err(source, key, f"{text!r} is not a boolean", "write True or False")
+def _bool(value: Any) -> bool:
+    """A boolean the schema admitted (true/false or their spellings as text)."""
+    return value if isinstance(value, bool) else _text(value).lower() == "true"
 
 
 def _split(value: Any) -> list[str]:
@@ -345,18 +288,14 @@ def _model_parameters(g: dict, source: Path, base: Path, ignored: list[str]) -> 
         raise _err(source, f"{key}.caffe_model", "Caffe models are not supported by npuc", "convert it to ONNX")
     if not has_onnx:
         raise _err(source, f"{key}.onnx_model", "is required (no model given)", "set onnx_model to the .onnx file")
-    march = _choice(source, f"{key}.march", _required(g, "march", source, f"{key}.march"), MARCHES)
+    march = _text(_required(g, "march", source, f"{key}.march"))
     prefix = _text(_required(g, "output_model_file_prefix", source, f"{key}.output_model_file_prefix"))
     if "/" in prefix or "\\" in prefix:
         raise _err(source, f"{key}.output_model_file_prefix", f"{prefix!r} has a path separator", "use working_dir")
     working_dir = base / _text(g.get("working_dir") or "model_output")
-    if "layer_out_dump" in g:
-        _bool(source, f"{key}.layer_out_dump", g["layer_out_dump"])
     if _text(g.get("remove_node_type")) != "":
         for part in _split(g["remove_node_type"]):
             _choice(source, f"{key}.remove_node_type", part, REMOVE_NODE_TYPES)
-    if _text(g.get("debug_mode")) != "":
-        _choice(source, f"{key}.debug_mode", g["debug_mode"], ("dump_calibration_data",))
     for bayes_only in ("node_info", "set_node_data_type"):
         empty = g.get(bayes_only) in ({}, "", None)
         if bayes_only in g and not empty and march not in BAYES_FAMILY:
@@ -386,12 +325,8 @@ def _input_parameters(g: dict, source: Path, march: str, ignored: list[str]) -> 
     shapes = _per_input(g, "input_shape", count, source) or [None] * count
     means = _per_input(g, "mean_value", count, source) or [""] * count
     scales = _per_input(g, "scale_value", count, source) or [""] * count
-    if "input_batch" in g:
-        batch = g["input_batch"]
-        if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BATCH:
-            raise _err(source, f"{key}.input_batch", f"{batch!r} is out of range", f"use an integer 1..{MAX_BATCH}")
-        if count > 1:
-            raise _err(source, f"{key}.input_batch", "is for single-input models only", "remove it")
+    if "input_batch" in g and count > 1:
+        raise _err(source, f"{key}.input_batch", "is for single-input models only", "remove it")
     inputs = []
     for i in range(count):
         tag = f" (input {i})" if count > 1 else ""
@@ -468,9 +403,7 @@ def _check_layout(source: Path, name: str, spec: InputConfig, shape: tuple[int, 
 
 def _calibration_parameters(g: dict, source: Path, base: Path, march: str, ignored: list[str]) -> dict[str, Any]:
     key = "calibration_parameters"
-    ctype = _choice(
-        source, f"{key}.calibration_type", g.get("calibration_type") or DEFAULT_CALIBRATION_TYPE, CALIBRATION_TYPES
-    )
+    ctype = _text(g.get("calibration_type")) or DEFAULT_CALIBRATION_TYPE
     if ctype == "load":
         raise _err(
             source, f"{key}.calibration_type", "load (a QAT model's ranges) is not supported", "use default, kl or max"
@@ -486,24 +419,15 @@ def _calibration_parameters(g: dict, source: Path, base: Path, march: str, ignor
         ignored.append(f"{key}.calibration_type: mix search is not implemented, calibrating as default (kl)")
     percentile = 1.0
     if "max_percentile" in g:
-        value = g["max_percentile"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-            raise _err(
-                source, f"{key}.max_percentile", f"{value!r} is out of range", "use a number in 0..1, e.g. 0.99999"
-            )
         if ctype != "max":
             raise _err(
                 source, f"{key}.max_percentile", f"applies to calibration_type max only, not {ctype}", "remove it"
             )
-        percentile = float(value)
+        percentile = float(g["max_percentile"])
         if percentile <= 0.0:
             raise _err(source, f"{key}.max_percentile", "0 clips every value", "use a value such as 0.99999")
-    cal_type = None
-    if _text(g.get("cal_data_type")) != "":
-        cal_type = _choice(source, f"{key}.cal_data_type", g["cal_data_type"], CAL_DATA_TYPES)
-    if "preprocess_on" in g:
-        _bool(source, f"{key}.preprocess_on", g["preprocess_on"])
-    if "per_channel" in g and _bool(source, f"{key}.per_channel", g["per_channel"]) and ctype == "default":
+    cal_type = _text(g.get("cal_data_type")) or None
+    if "per_channel" in g and _bool(g["per_channel"]) and ctype == "default":
         raise _err(source, f"{key}.per_channel", "is not available with calibration_type default", "use kl or max")
     if _text(g.get("optimization")) != "":
         allowed = OUTPUT_OPTIMIZATIONS[march]
@@ -518,41 +442,19 @@ def _compiler_parameters(
     g: dict, source: Path, march: str, inputs: tuple[InputConfig, ...], ignored: list[str]
 ) -> None:
     key = "compiler_parameters"
-    _choice(source, f"{key}.compile_mode", _required(g, "compile_mode", source, f"{key}.compile_mode"), COMPILE_MODES)
-    _choice(
-        source,
-        f"{key}.optimize_level",
-        _required(g, "optimize_level", source, f"{key}.optimize_level"),
-        OPTIMIZE_LEVELS,
-    )
-    if "debug" in g:
-        _bool(source, f"{key}.debug", g["debug"])
-    if "core_num" in g:
-        if march in BAYES_FAMILY:
-            raise _err(source, f"{key}.core_num", f"must not be set for march {march}", "remove it")
-        if g["core_num"] not in (1, 2) or isinstance(g["core_num"], bool):
-            raise _err(source, f"{key}.core_num", f"{g['core_num']!r} is not allowed", "use 1 or 2")
+    for name in ("compile_mode", "optimize_level"):
+        _required(g, name, source, f"{key}.{name}")
+    if "core_num" in g and march in BAYES_FAMILY:
+        raise _err(source, f"{key}.core_num", f"must not be set for march {march}", "remove it")
     if "input_source" in g:
         _input_source(g["input_source"], source, inputs)
-    if "max_time_per_fc" in g:
-        value = g["max_time_per_fc"]
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if not ok or not (value == 0 or MAX_TIME_PER_FC_MIN <= value <= MAX_TIME_PER_FC_MAX):
-            raise _err(
-                source, f"{key}.max_time_per_fc", f"{value!r} is out of range", "use 0, or 1000..4294967295 (µs)"
-            )
-    if "jobs" in g and (not isinstance(g["jobs"], int) or isinstance(g["jobs"], bool) or g["jobs"] < 1):
-        raise _err(source, f"{key}.jobs", f"{g['jobs']!r} is not a positive integer", "use a number of threads >= 1")
     _note_ignored(key, g, (), ignored)
 
 
 def _input_source(value: Any, source: Path, inputs: tuple[InputConfig, ...]) -> None:
     key = "compiler_parameters.input_source"
-    if not isinstance(value, dict):
-        raise _err(source, key, f"{value!r} is not a mapping", 'write {"input_name": "ddr|pyramid|resizer"}')
     names = [i.name for i in inputs]
     for name, where in value.items():
-        _choice(source, f"{key}.{name}", where, INPUT_SOURCES)
         spec = next((i for i in inputs if i.name == name or (i.name is None and len(inputs) == 1)), None)
         if spec is None:
             raise _err(source, f"{key}.{name}", "is not an input_name", f"use one of {names}")
@@ -568,6 +470,4 @@ def _input_source(value: Any, source: Path, inputs: tuple[InputConfig, ...]) -> 
 
 
 def _custom_op(g: dict, source: Path, ignored: list[str]) -> None:
-    if _text(g.get("custom_op_method")) != "":
-        _choice(source, "custom_op.custom_op_method", g["custom_op_method"], ("register",))
     _note_ignored("custom_op", g, (), ignored)

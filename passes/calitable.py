@@ -23,6 +23,7 @@ from types import MappingProxyType
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes, read_text_file
+from npuc.compiler.sanitize import table_field
 
 TIME_KEY = "genetated time"  # tpu-mlir's spelling; other tools match on it
 COLUMNS_LINE = "# op_name    threshold    min    max"
@@ -168,11 +169,11 @@ def _render_header(table: CalibrationTable) -> list[str]:
 
 
 def _row(name: str, e: Threshold) -> str:
-    return f"{name} {e.threshold:.7f} {e.min:.7f} {e.max:.7f}"
+    return f"{table_field(name, 'cali_table')} {e.threshold:.7f} {e.min:.7f} {e.max:.7f}"
 
 
 def _weight_row(name: str, w: WeightScale) -> str:
-    parts = [name, str(len(w.scales)), *(repr(float(s)) for s in w.scales)]
+    parts = [table_field(name, "cali_table"), str(len(w.scales)), *(repr(float(s)) for s in w.scales)]
     if w.zero_points:
         parts += [str(len(w.zero_points)), *(repr(float(z)) for z in w.zero_points)]
     return " ".join(parts)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_bytes, read_text_file
+from npuc.compiler.sanitize import table_field
 
 MODES = ("F32", "F16", "BF16", "INT8")
 SUFFIX = ".qtable"
@@ -46,7 +47,7 @@ def read_qtable(path: str | Path) -> dict[str, str]:
 
 
 def format_qtable(names: Iterable[str], mode: str = "BF16", comments: Iterable[str] = ()) -> str:
-    lines = [*(f"# {c}" for c in comments), HEADER, *(f"{n} {mode}" for n in names)]
+    lines = [*(f"# {c}" for c in comments), HEADER, *(f"{table_field(n, 'qtable')} {mode}" for n in names)]
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,10 @@ from google.protobuf import text_format
 from google.protobuf.message import DecodeError, EncodeError
 
 from npuc.compiler.errors import CorruptFileError, UserError
+from npuc.compiler.fileio import read_limited
 from npuc.compiler.protoschema import load_proto
+
+MAX_TABLE_BYTES = 64 << 20  # one threshold per tensor: a few KB in practice
 
 SCHEMA_PATH = Path(__file__).with_name("bmnet_calibration.proto")
 TEXT_SUFFIXES = {".prototxt", ".pbtxt", ".txt"}
@@ -84,10 +87,7 @@ def _is_text(path: Path, fmt: str | None) -> bool:
 def load_calibration(path: str | Path, fmt: str | None = None):
     """Read a table; `fmt` "text"/"binary", or None to decide by suffix (.prototxt/.pbtxt/.txt = text)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read calibration table {path}: {exc.strerror}; check the path") from None
+    data = read_limited(path, "calibration table", MAX_TABLE_BYTES)
     if _is_text(path, fmt):
         try:
             return parse_calibration_text(data.decode("utf-8"), str(path))

@@ -18,8 +18,10 @@ from pathlib import Path
 from google.protobuf.message import DecodeError, EncodeError
 
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
-from npuc.compiler.fileio import atomic_write_bytes
+from npuc.compiler.fileio import atomic_write_bytes, read_limited
 from npuc.compiler.protoschema import load_proto
+
+MAX_BMODEL_BYTES = 1 << 30  # BM1880 boards have 1 GiB of DDR in all
 
 MAGIC_PROTO_WEIGHTS = 0xFF55AADD
 MAGIC_PROTO = 0xFF55AAFF
@@ -396,10 +398,7 @@ def read_bmodel(data: bytes, source: str = "<bmodel>") -> BModel:
 
 def load_bmodel(path: str | Path) -> BModel:
     """Read a `.bmodel` file."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise CorruptFileError(f"cannot read bmodel {path}: {exc.strerror}; check the path") from None
+    data = read_limited(Path(path), "bmodel", MAX_BMODEL_BYTES)
     return read_bmodel(data, str(path))
 
 

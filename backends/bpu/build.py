@@ -36,6 +36,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_tree
 from npuc.compiler.interp import external_shape
 from npuc.compiler.ir import Graph
+from npuc.compiler.sanitize import file_stem
 from npuc.compiler.targets import BuildRequest, BuildResult
 from npuc.passes.calibrate import CalibrationOptions, calibrate
 from npuc.passes.calitable import CalibrationTable, read_table
@@ -87,7 +88,7 @@ class BpuOptions:
         if form not in FORMS:
             raise UserError(f"--option qdq_form={form}: use one of {', '.join(FORMS)}")
         return cls(
-            name=str(o.get("name") or request.model_path.stem),
+            name=file_stem(str(o.get("name") or request.model_path.stem)),  # it names the output files
             hb_inputs=tuple(o.get("hb_inputs") or ()),
             quanti_type=quanti,
             quant_output=bool(o.get("quant_output", False)),

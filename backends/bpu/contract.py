@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from npuc.compiler.errors import CorruptFileError
+from npuc.compiler.sanitize import c_comment, c_identifier
 
 MAX_DIMS = 8  # HB_DNN_TENSOR_MAX_DIMENSIONS
 DATA_TYPES = (
@@ -247,14 +248,9 @@ def contract_from_json(raw: bytes, where: str) -> Contract:
     )
 
 
-def _c_ident(text: str) -> str:
-    ident = "".join(ch if ch.isalnum() else "_" for ch in text)
-    return ident if ident and not ident[0].isdigit() else f"t_{ident}"
-
-
 def _c_properties(prefix: str, p: TensorProperties) -> list[str]:
     arrays, fields = [], []
-    ident = f"{prefix}_{_c_ident(p.name)}"
+    ident = f"{prefix}_{c_identifier(p.name, 't_')}"
     shift = scale = "{0}"
     if p.quanti_type == "SHIFT":
         arrays.append(f"static uint8_t {ident}_shift[] = {{{', '.join(map(str, p.shift_data))}}};")
@@ -278,7 +274,8 @@ def _c_properties(prefix: str, p: TensorProperties) -> list[str]:
         f"    .alignedByteSize = {p.aligned_byte_size},",
         f"    .stride = {_c_array(p.stride)},",
     ]
-    return [*arrays, f"/* {p.name} */", f"static const hbDNNTensorProperties {ident} = {{", *fields, "};", ""]
+    head = [f"/* {c_comment(p.name)} */", f"static const hbDNNTensorProperties {ident} = {{"]
+    return [*arrays, *head, *fields, "};", ""]
 
 
 STANDALONE_TYPES = """\
@@ -298,10 +295,10 @@ typedef struct {
 
 
 def contract_to_header(c: Contract) -> bytes:
-    guard = f"NPUC_{_c_ident(c.name).upper()}_HBDNN_CONTRACT_H"
-    prefix = f"{_c_ident(c.name)}"
+    prefix = c_identifier(c.name, "t_")
+    guard = f"NPUC_{prefix.upper()}_HBDNN_CONTRACT_H"
     lines = [
-        f"/* hbDNN I/O contract of {c.name} (march {c.march}), written by npuc. */",
+        f"/* hbDNN I/O contract of {c_comment(c.name)} (march {c_comment(c.march)}), written by npuc. */",
         f"#ifndef {guard}",
         f"#define {guard}",
         "#include <stdint.h>",

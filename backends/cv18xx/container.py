@@ -18,6 +18,7 @@ from npuc.backends.cv18xx import fbcodec
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.fbs import Schema, load_schema
 from npuc.compiler.errors import CorruptFileError, UserError
+from npuc.compiler.fileio import read_limited
 
 MAGIC = b"CviModel"
 HEADER = struct.Struct("<8sIBB16s16s2s")  # magic, body_size, major, minor, md5, chip, padding
@@ -25,6 +26,7 @@ HEADER_SIZE = HEADER.size  # 48
 VERSION = (1, 4, 0)
 REGION_WEIGHT = 1
 MAX_REGIONS = 8
+MAX_CVIMODEL_BYTES = 1 << 30  # the largest CV18xx board has 512 MiB of ION memory
 
 # Order in which tpu-mlir's CviModelBuilder serializes the out-of-line children of each table; only byte
 # placement depends on it. Tables not listed follow declaration order, like flatc's Create* helpers.
@@ -130,7 +132,7 @@ def read_cvimodel(source: str | Path | bytes, where: str | None = None) -> CviMo
     if isinstance(source, (bytes, bytearray, memoryview)):
         data, where = bytes(source), where or "<cvimodel bytes>"
     else:
-        data, where = Path(source).read_bytes(), where or str(source)
+        data, where = read_limited(Path(source), "cvimodel", MAX_CVIMODEL_BYTES), where or str(source)
     header = read_header(data, where)
     body_end = HEADER_SIZE + header.body_size
     body = fbcodec.decode(model_schema(), data[HEADER_SIZE:body_end], f"{where} (body at offset 48)")
@@ -159,6 +161,20 @@ def _read_sections(body: Any, blob: bytes, where: str, blob_start: int) -> dict[
             )
         out[sec.name] = blob[sec.offset : sec.offset + sec.size]
     return out
+
+
+MAX_REGION_BYTES = 1 << 30  # the boards carry 64 MiB (cv180x) to 1-4 GiB (cv183x) of DRAM for everything
+
+
+def gmem_sizes(prog: Any) -> dict[int, int]:
+    """Bytes of each gmem region a program uses: shared (0) and private (2) as declared, each io region
+    (>= 3) as far as its tensors reach."""
+    sizes = {0: prog.shared_gmem, 2: prog.private_gmem}
+    for t in prog.tensor_map:
+        region = t.offset >> 40
+        if region >= 3:
+            sizes[region] = max(sizes.get(region, 0), (t.offset & ((1 << 40) - 1)) + t.size)
+    return sizes
 
 
 def _validate_body(model: CviModel, where: str) -> None:
@@ -190,6 +206,11 @@ def _validate_body(model: CviModel, where: str) -> None:
             if len(t.shape.dim) < 4:
                 raise _fail(where, f"{tag} has a {len(t.shape.dim)}-d shape (the runtime reads 4 dims)")
             names.add(t.name)
+        for region, size in gmem_sizes(prog).items():
+            if not 0 <= size <= MAX_REGION_BYTES:
+                field = {0: "shared_gmem", 2: "private_gmem"}.get(region, f"tensor_map (io region {region})")
+                raise _fail(where, f"programs[{pi}].{field}: gmem region {region} of {size} bytes is beyond any "
+                            f"CV18xx board ({MAX_REGION_BYTES} at most)")  # fmt: skip
         referenced = [*prog.input_tensors, *prog.output_tensors]
         for r in prog.routines:
             referenced += [*(r.in_tensors or []), *(r.out_tensors or [])]

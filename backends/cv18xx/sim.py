@@ -18,7 +18,7 @@ import numpy as np
 from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
-from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, model_schema
+from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, gmem_sizes, model_schema
 from npuc.backends.cv18xx.sim_cpu import CPU_FUNCTIONS
 from npuc.backends.cv18xx.sim_mem import FORMATS, MAX_ACCESS_BYTES, GlobalMemory, LocalMemory
 from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, bf16_to_f32, f32_to_bf16
@@ -201,23 +201,11 @@ class Machine:
 # ---- whole model ----------------------------------------------------------------------------------------
 
 
-MAX_REGION_BYTES = 1 << 30  # the boards carry 64 MiB (cv180x) to 1-4 GiB (cv183x) of DRAM for everything
-
-
 def load_program(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> Machine:
-    """A machine with the program's gmem regions allocated, weights loaded and inputs written."""
+    """A machine with the program's gmem regions allocated, weights loaded and inputs written (the region
+    sizes were bounded when the file was read: `container.gmem_sizes`)."""
     prog = model.body.programs[program]
-    sizes = {0: prog.shared_gmem, 2: prog.private_gmem}
-    for t in prog.tensor_map:
-        region = t.offset >> REGION_BITS
-        if region >= 3:  # io regions: as large as their tensors reach
-            sizes[region] = max(sizes.get(region, 0), (t.offset & ((1 << REGION_BITS) - 1)) + t.size)
-    for region, size in sizes.items():  # checked before anything is allocated
-        if not 0 <= size <= MAX_REGION_BYTES:
-            raise CorruptFileError(
-                f"gmem region {region} of {size} bytes is beyond any CV18xx board ({MAX_REGION_BYTES} at most); "
-                "the cvimodel is damaged"
-            )
+    sizes = gmem_sizes(prog)
     regions = {r: np.zeros(size, np.uint8) for r, size in sizes.items()}
     regions[1] = np.frombuffer(model.weight, np.uint8).copy()
     machine = Machine(CHIPS[model.chip], GlobalMemory(regions))

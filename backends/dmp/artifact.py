@@ -10,9 +10,12 @@ import numpy as np
 
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import CorruptFileError
+from npuc.compiler.fileio import read_limited
+from npuc.compiler.schema import check
 
 from .codegen import LAYERS_SUFFIX
 from .layers import ACT_NAMES, FORMAT, Network, kernel_wh, network_from_dict, unpack2
+from .schema import LAYERS_JSON
 
 MAX_TABLE_BYTES = 64 << 20
 
@@ -39,13 +42,11 @@ def load_network(path: Path) -> tuple[Network, bytes]:
     table = _table_path(path)
     if table is None:
         raise CorruptFileError(f"{path}: no single *{LAYERS_SUFFIX} file; pass a dmp output folder")
-    if table.stat().st_size > MAX_TABLE_BYTES:
-        raise CorruptFileError(f"{table}: {table.stat().st_size} bytes is too large for a layer table")
     try:
-        data = json.loads(table.read_text())
+        data = json.loads(read_limited(table, "DMP layer table", MAX_TABLE_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptFileError(f"{table}: not valid JSON ({exc}); regenerate the output") from None
-    net = network_from_dict(data, str(table))
+    net = network_from_dict(check(data, LAYERS_JSON, str(table), "the layer table is damaged, rebuild the output"))
     weights = table.parent / f"{net.name}_weights.bin"
     if not weights.is_file():
         raise CorruptFileError(f"{weights} is missing; the folder must hold the weights next to the layer table")
@@ -53,7 +54,7 @@ def load_network(path: Path) -> tuple[Network, bytes]:
         raise CorruptFileError(
             f"{weights}: {weights.stat().st_size} bytes, but the layer table reserves {net.weights_size}"
         )
-    return net, weights.read_bytes()
+    return net, read_limited(weights, "DMP weights file", net.weights_size)
 
 
 def describe_network(net: Network) -> str:

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from npuc.compiler.fileio import atomic_write_tree
+from npuc.compiler.sanitize import c_comment, c_string
 
 from .layers import ACT_NAMES, CONV_FIELDS, RUN_FIELDS, Field, Layer, Network, kernel_wh, network_to_dict, unpack2
 
@@ -27,45 +27,15 @@ TITLES = {
 }
 
 
-def c_identifier(name: str) -> str:
-    """A C++ identifier from a model name (letters, digits, underscores; never starting with a digit)."""
-    ident = re.sub(r"\W", "_", name)
-    return ident if ident and not ident[0].isdigit() else f"Net_{ident}"
-
-
 def _fmt(f: Field, value: int) -> str:
     return hex(value) if f.hexed else str(value)
-
-
-def _c_string(text: str) -> str:
-    """The body of a C string literal for any text: printable ASCII as itself (backslash and quote escaped),
-    every other byte of its UTF-8 as a 3-digit octal escape (a hex escape would swallow following digits)."""
-    out = []
-    for byte in text.encode("utf-8"):
-        char = chr(byte)
-        if char in '\\"?':  # `?` too: "??/" is a trigraph for a backslash under -std=c++14
-            out.append("\\" + char)
-        elif 0x20 <= byte < 0x7F:
-            out.append(char)
-        else:
-            out.append(f"\\{byte:03o}")
-    return "".join(out)
-
-
-def _comment(text: str) -> str:
-    """Text that stays inside a // or /* */ comment: no line breaks or other control characters, no `*/`, no
-    backslash (a trailing one would splice the next source line into a // comment)."""
-    clean = "".join(" " if ord(c) < 0x20 or c in "\x7f\u2028\u2029" else c for c in text).replace("\\", "/")
-    while "*/" in clean or "??" in clean:  # "??/" is a trigraph: a backslash that splices lines
-        clean = clean.replace("*/", "* /").replace("??", "? ?")
-    return clean
 
 
 def _doc_rows(index: int, layer: Layer) -> list[list[str]]:
     dim_in = "x".join(map(str, layer.input_dim))
     dim_out = "x".join(map(str, layer.output_dim))
     if layer.conv is None:
-        return [[f"{index}", _comment(layer.name).replace("|", "/"), layer.type, dim_in, dim_out, "-", "-"]]
+        return [[f"{index}", c_comment(layer.name).replace("|", "/"), layer.type, dim_in, dim_out, "-", "-"]]
     rows = []
     for r, run in enumerate(layer.conv.runs):
         kw, kh = kernel_wh(run.p)
@@ -77,7 +47,7 @@ def _doc_rows(index: int, layer: Layer) -> list[list[str]]:
         if run.actfunc:
             parts.append(ACT_NAMES.get(run.actfunc, str(run.actfunc)))
         mem = f"{run.weight_size}" if run.weight_size else "-"
-        names = _comment(", ".join(run.ops)).replace("|", "/")
+        names = c_comment(", ".join(run.ops)).replace("|", "/")
         rows.append([f"{index}-{r}", names, "CONV", dim_in, dim_out, "; ".join(parts) or "-", mem])
     return rows
 
@@ -90,8 +60,8 @@ def _layer_view(index: int, layer: Layer, output_slots: dict[int, int]) -> dict[
     view: dict[str, Any] = {
         "index": index,
         "title": TITLES.get(layer.type, layer.type),
-        "name": _c_string(layer.name),
-        "ops": [_comment(op) for op in layer.ops],
+        "name": c_string(layer.name),
+        "ops": [c_comment(op) for op in layer.ops],
         "doc": _doc_rows(index, layer),
         "output_slot": output_slots.get(index),
         **{k: getattr(layer, k) for k in ("type", "conv", "input_offs", "output_offs", "output_size")},
@@ -113,7 +83,7 @@ def _layer_view(index: int, layer: Layer, output_slots: dict[int, int]) -> dict[
         view["runs"] = [
             {
                 "index": r,
-                "ops": [_comment(op) for op in run.ops],
+                "ops": [c_comment(op) for op in run.ops],
                 "weight_offs": run.weight_offs,
                 "fields": [
                     {"name": f.name, "value": _fmt(f, getattr(run, f.name)), "comment": f.comment} for f in RUN_FIELDS
@@ -140,7 +110,7 @@ def render_sources(net: Network, source: str) -> tuple[str, str]:
             customs[layer.custom_type] = {"type": layer.custom_type, "fields": _custom_fields(layer.custom_params)}
     ctx = {
         "name": net.name,
-        "source": _comment(source),
+        "source": c_comment(source),
         "layers": [_layer_view(i, layer, output_slots) for i, layer in enumerate(net.layers)],
         "customs": list(customs.values()),
         "weights_size": net.weights_size,

@@ -7,10 +7,8 @@ Field values are stored exactly as the C++ writes them (packed bit fields includ
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
-
-from npuc.compiler.errors import CorruptFileError
 
 LAYER_TYPES = ("LT_INPUT", "LT_CONV", "LT_FC", "LT_FLATTEN", "LT_CONCAT", "LT_COPY_CONCAT", "LT_SOFTMAX", "LT_CUSTOM")
 MAX_RUNS = 32
@@ -86,8 +84,6 @@ CONV_FIELDS: tuple[Field, ...] = (
     Field("input_circular_offset", "uint16", "0x8000 = transposed weights", True),
     Field("output_mode", "uint16", "0 = concat, 1 = eltwise add"),
 )
-
-_RANGES = {"uint16": 0xFFFF, "uint32": 0xFFFFFFFF}
 
 
 @dataclass
@@ -195,116 +191,23 @@ FORMAT = "npuc-dmp-layers"
 VERSION = 1
 
 
-def _check_int(value: Any, where: str, limit: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
-        raise CorruptFileError(f"{where}: expected an integer in 0..{limit}, found {value!r}; regenerate the output")
-    return value
-
-
-MAX_JSON_INT = 1 << 40  # beyond any offset, size or dimension a DV700 table holds
-CHOICES: dict[tuple[str, str], tuple[str, ...]] = {  # (record, field) -> the values the simulator knows
-    ("TensorBinding", "layout"): ("whc8", "hwc", "u8"),
-    ("TensorBinding", "dtype"): ("float16", "float32", "uint8"),
-    ("TensorBinding", "view"): ("nchw", "nhwc", "flat"),
-    ("Network", "weight_format"): ("fp16", "8bit"),
-}
-_RECORDS: dict[str, type] = {c.__name__: c for c in (Run, ConvConf, Layer, TensorBinding, Network)}
-
-
-def _matches(value: Any, hint: str) -> bool:
-    """Whether a JSON value fits a field annotation of this module (int, str, list[int], X | None, ...)."""
-    options = [h.strip() for h in hint.split("|")] if "[" not in hint or hint.endswith("| None") else [hint]
-    if len(options) > 1:
-        return any(_matches(value, h) for h in options)
-    if hint == "None":
-        return value is None
-    if hint == "Any":
-        return True
-    if hint == "int":
-        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_JSON_INT
-    if hint == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e38
-    if hint in ("str", "bool"):
-        return isinstance(value, {"str": str, "bool": bool}[hint])
-    if hint.startswith("list[") and hint.endswith("]"):
-        return isinstance(value, list) and all(_matches(v, hint[5:-1]) for v in value)
-    if hint.startswith("dict["):
-        inner = hint[5:-1].split(",", 1)[1].strip()
-        return isinstance(value, dict) and all(isinstance(k, str) and _matches(v, inner) for k, v in value.items())
-    record = _RECORDS.get(hint)
-    return record is not None and isinstance(value, (dict, record))  # its own fields are checked when loaded
-
-
-def _load_record(cls: type, data: Any, where: str, tables: tuple[Field, ...] = ()) -> Any:
-    """A record from its JSON object: every field present or defaulted, of its annotated type, table fields in
-    their C type's range; anything else is CorruptFileError naming the field and the value."""
-    if not isinstance(data, dict):
-        raise CorruptFileError(f"{where}: expected an object; the layer table JSON is damaged, regenerate it")
-    limits = {f.name: _RANGES[f.ctype] for f in tables}
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in data:
-            if f.default is not MISSING or f.default_factory is not MISSING:  # optional fields
-                continue
-            raise CorruptFileError(f"{where}: missing field '{f.name}'; regenerate the output")
-        value = data[f.name]
-        if f.name in limits:
-            value = _check_int(value, f"{where}.{f.name}", limits[f.name])
-        elif not _matches(value, str(f.type)):
-            raise CorruptFileError(
-                f"{where}.{f.name}: {json_repr(value)} is not a {f.type}; the layer table is damaged, regenerate it"
-            )
-        choices = CHOICES.get((cls.__name__, f.name))
-        if choices is not None and value not in choices:
-            raise CorruptFileError(f"{where}.{f.name}: {json_repr(value)} is not one of {', '.join(choices)}")
-        kwargs[f.name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise CorruptFileError(f"{where}: {exc}; regenerate the output") from None
-
-
-def json_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def network_to_dict(net: Network) -> dict[str, Any]:
     from dataclasses import asdict
 
     return {"format": FORMAT, "version": VERSION, **asdict(net)}
 
 
-def network_from_dict(data: Any, where: str = "layers.json") -> Network:
-    """Rebuild a Network from its JSON twin, validating every field's type and range."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CorruptFileError(f"{where}: not an npuc DMP layer table (missing format '{FORMAT}')")
-    if data.get("version") != VERSION:
-        raise CorruptFileError(f"{where}: layer table version {data.get('version')!r}, this npuc reads {VERSION}")
+def network_from_dict(data: dict[str, Any]) -> Network:
+    """Rebuild a Network from its JSON twin, already checked against `schema.LAYERS_JSON` (every field present
+    or defaulted, of its type and range, no unknown field)."""
     layers = []
-    for i, raw in enumerate(_list(data.get("layers"), f"{where}.layers")):
-        layer = _load_record(Layer, raw, f"{where}: layer {i}")
-        if layer.type not in LAYER_TYPES:
-            raise CorruptFileError(f"{where}: layer {i} has unknown type {layer.type!r}")
+    for raw in data["layers"]:
+        layer = Layer(**raw)
         if layer.conv is not None:
-            conv = _load_record(ConvConf, layer.conv, f"{where}: layer {i} conv", CONV_FIELDS)
-            runs = _list(conv.runs, f"{where}: layer {i} runs")
-            if not 1 <= len(runs) <= MAX_RUNS:
-                raise CorruptFileError(f"{where}: layer {i} has {len(runs)} runs; DV700 allows 1..{MAX_RUNS}")
-            conv.runs = [_load_record(Run, r, f"{where}: layer {i} run {j}", RUN_FIELDS) for j, r in enumerate(runs)]
-            layer.conv = conv
-        for key in ("input_offs", "output_offs", "output_size"):
-            _check_int(getattr(layer, key), f"{where}: layer {i} {key}", 1 << 40)
+            layer.conv = ConvConf(**{**layer.conv, "runs": [Run(**r) for r in layer.conv["runs"]]})
         layers.append(layer)
-    net = _load_record(Network, {**data, "layers": layers}, where)
-    net.inputs = [_load_record(TensorBinding, b, f"{where}: input {k}") for k, b in enumerate(_list(net.inputs, where))]
-    net.outputs = [
-        _load_record(TensorBinding, b, f"{where}: output {k}") for k, b in enumerate(_list(net.outputs, where))
-    ]
+    fields_ = {k: v for k, v in data.items() if k not in ("format", "version")}
+    net = Network(**{**fields_, "layers": layers})
+    net.inputs = [TensorBinding(**b) for b in net.inputs]
+    net.outputs = [TensorBinding(**b) for b in net.outputs]
     return net
-
-
-def _list(value: Any, where: str) -> list:
-    if not isinstance(value, list):
-        raise CorruptFileError(f"{where}: expected a list; the layer table JSON is damaged, regenerate it")
-    return value

@@ -229,8 +229,6 @@ def run_network(net: Network, blob: bytes, feeds: dict[str, np.ndarray]) -> dict
             f"weights file has {weights.size} bytes but the layer table reserves {net.weights_size}; "
             "the .bin and the table do not belong together"
         )
-    if not isinstance(net.hardware, dict):
-        raise CorruptFileError(f"layer table field 'hardware' is {net.hardware!r}, not an object; regenerate it")
     hw = hardware_from_options(net.hardware)
     for i, layer in enumerate(net.layers):
         check_layer(i, layer, hw)

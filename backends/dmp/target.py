@@ -22,9 +22,10 @@ Options read from `request.options` (all optional; `npuc build --option KEY=VALU
 from __future__ import annotations
 
 from npuc.compiler.errors import UserError
+from npuc.compiler.sanitize import c_identifier
 from npuc.compiler.targets import BuildRequest, BuildResult, Target, bool_option, int_option, register_target
 
-from .codegen import c_identifier, write_output
+from .codegen import write_output
 from .convert import input_convert
 from .layers import Network
 from .lower import lower_graph

@@ -27,6 +27,7 @@ import onnx
 from npuc.compiler import interp
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import atomic_write_tree
+from npuc.compiler.sanitize import py_string
 from npuc.compiler.targets import BuildRequest, BuildResult
 
 from .manifest import read_tree
@@ -73,6 +74,7 @@ def render_script(
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["py_string"] = py_string  # names in the generated Python: one literal each, never raw text
     in_type = json.dumps(in_types[0] if len(set(in_types)) == 1 else in_types)  # one string, or one per input
     transpose_axis = None
     if any(transposes):

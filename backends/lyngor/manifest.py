@@ -32,7 +32,10 @@ from typing import Any
 import numpy as np
 
 from npuc.compiler.errors import CorruptFileError, UserError
+from npuc.compiler.fileio import read_limited
+from npuc.compiler.schema import check
 
+from . import schemas
 from .fields import (
     ANY,
     BOOL,
@@ -289,16 +292,16 @@ def is_tree(path: Path) -> bool:
     return path.is_dir() and (path / NET_PARAMS_FILE).is_file()
 
 
-def load_json(path: Path, where: str) -> Any:
+def load_json(path: Path, where: str, schema: dict[str, Any]) -> Any:
+    """A manifest's JSON, checked against its schema (`schemas.py`) before anything reads a field."""
     if not path.is_file():
         raise CorruptFileError(f"{where}: file is missing; the output tree is incomplete, rebuild it")
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise CorruptFileError(f"{where}: {path.stat().st_size} bytes is too large for a manifest")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(read_limited(path, "Lyngor manifest", MAX_MANIFEST_BYTES).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = f"line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "bad UTF-8"
         raise CorruptFileError(f"{where}: not valid JSON ({detail}); the file is truncated or edited") from None
+    return check(data, schema, where, "rebuild the tree")
 
 
 def read_tree(root: Path) -> LyngorTree:
@@ -308,33 +311,30 @@ def read_tree(root: Path) -> LyngorTree:
         raise UserError(f"{root}: not a folder; pass the build output folder (the one holding net_params.json)")
     apu_x = root / NET_DIR / APU_DIR / APU_X_DIR
     ours = (apu_x / NPUC_APU_FILE).is_file()
-    net = decode(NET_PARAMS if ours else NET_PARAMS_READ, load_json(root / NET_PARAMS_FILE, NET_PARAMS_FILE),
-                 NET_PARAMS_FILE, strict=ours)  # fmt: skip
-    if "run_batch" not in net:
-        if "map_batch" not in net:
-            raise bad(NET_PARAMS_FILE, "field 'run_batch' (or the older 'map_batch') is missing", "rebuild the tree")
-        net["run_batch"] = net["map_batch"]
+    net_schema = schemas.NET_PARAMS if ours else schemas.NET_PARAMS_READ
+    net_json = load_json(root / NET_PARAMS_FILE, NET_PARAMS_FILE, net_schema)
+    net = decode(NET_PARAMS if ours else NET_PARAMS_READ, net_json)
+    net.setdefault("run_batch", net.get("map_batch"))  # the schema requires one of the two
     io_config = net["file_name"]["io_config"]
-    if not re.fullmatch(r"[\w.-]+\.json", io_config):
-        raise bad(f"{NET_PARAMS_FILE}: file_name.io_config", f"{io_config!r} is not a plain JSON file name", "fix it")
     for i in range(net["net_num"]):
         if not (root / f"Net_{i}").is_dir():
             raise bad(NET_PARAMS_FILE, f"net_num is {net['net_num']} but Net_{i}/ is missing", "rebuild the tree")
     top_where = f"{NET_DIR}/{io_config}"
-    top = decode(TOP_GRAPH if ours else TOP_GRAPH_READ, load_json(root / NET_DIR / io_config, top_where), top_where,
-                 strict=ours)  # fmt: skip
+    top_schema = schemas.TOP_GRAPH if ours else schemas.TOP_GRAPH_DOCUMENTED
+    top_json = load_json(root / NET_DIR / io_config, top_where, top_schema)
+    top = decode(TOP_GRAPH if ours else TOP_GRAPH_READ, top_json)
     top["outputs"] = _graph_outputs(top, top_where)
     _check_outputs(top, top_where)
     apu_where = f"{NET_DIR}/{APU_DIR}/{APU_X_DIR}/{APU_JSON_FILE}"
     apu_doc = None
     if ours or (apu_x / APU_JSON_FILE).is_file():
-        table = APU_DOC if ours else APU_DOC_READ
-        apu_doc = decode(table, load_json(apu_x / APU_JSON_FILE, apu_where), apu_where, strict=ours)["apu_x"]
+        apu_json = load_json(apu_x / APU_JSON_FILE, apu_where, schemas.APU if ours else schemas.APU_READ)
+        apu_doc = decode(APU_DOC if ours else APU_DOC_READ, apu_json)["apu_x"]
         _check_apu_doc(apu_doc, apu_where)
     if not ours:
         return LyngorTree(root, net, top, apu_doc, None, "vendor")
     npuc_where = f"{NET_DIR}/{APU_DIR}/{APU_X_DIR}/{NPUC_APU_FILE}"
-    apu = decode(NPUC_APU, load_json(apu_x / NPUC_APU_FILE, npuc_where), npuc_where)
+    apu = decode(NPUC_APU, load_json(apu_x / NPUC_APU_FILE, npuc_where, schemas.NPUC_APU))
     _check_npuc(net, top, apu_doc, apu, apu_x, npuc_where)
     return LyngorTree(root, net, top, apu_doc, apu, "npuc")
 

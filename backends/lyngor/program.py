@@ -23,10 +23,50 @@ import numpy as np
 from npuc.compiler import ops
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.ir import Graph
+from npuc.compiler.schema import check
 
 from .payload import WeightEntry, weight_array
 
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+# ---- the section's JSON Schema (draft 2020-12), checked before a field is read --------------------------
+
+_DIMS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}, "maxItems": 8}
+_DTYPE = {"enum": ["float32", "float16", "int8", "uint8", "int16", "int32", "int64", "bool"]}
+_NAME = {"type": "string", "minLength": 1, "maxLength": 4096}
+_WINDOW = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 1 << 16}}  # 0 divides by zero
+_TENSOR = {"type": "object", "properties": {"name": _NAME, "shape": _DIMS, "dtype": _DTYPE},
+           "required": ["name", "shape", "dtype"]}  # fmt: skip
+SECTION: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "npuc_prog.bin section (one resolution's op list)",
+    "type": "object",
+    "properties": {
+        "resolution": {"type": "integer", "minimum": 0, "maximum": 1 << 16},
+        "inputs": {"type": "array", "items": _TENSOR, "minItems": 1},
+        "outputs": {"type": "array", "items": _TENSOR, "minItems": 1},
+        "consts": {"type": "array", "items": {**_TENSOR, "properties": {**_TENSOR["properties"],
+                   "weight": {"type": "integer", "minimum": 0}}, "required": ["name", "shape", "dtype", "weight"]}},
+        "ops": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "inputs": {"type": "array", "items": {"type": "string"}},  # "" marks an absent optional input
+                    "outputs": {"type": "array", "items": _NAME, "minItems": 1},
+                    "attrs": {
+                        "type": ["object", "null"],
+                        "properties": {"strides": _WINDOW, "dilations": _WINDOW, "kernel": _WINDOW},
+                    },
+                },
+                "required": ["name", "kind", "inputs", "outputs", "attrs"],
+            },
+        },
+    },
+    "required": ["resolution", "inputs", "outputs", "consts", "ops"],
+}  # fmt: skip
 
 
 # ---- attribute values --------------------------------------------------------------------------------------
@@ -114,7 +154,7 @@ def _tensor_doc(graph: Graph, name: str) -> dict[str, Any]:
 def decode_section(data: bytes, weights: list[WeightEntry], where: str) -> Graph:
     """Rebuild the IR graph of one section; every structural problem is a CorruptFileError naming the spot."""
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = check(json.loads(data.decode("utf-8")), SECTION, where, "rebuild the tree")
         graph = Graph(name=f"resolution{doc['resolution']}")
         for t in doc["inputs"]:
             graph.add_tensor(t["name"], _dims(t["shape"]), t["dtype"])
@@ -148,15 +188,13 @@ def decode_section(data: bytes, weights: list[WeightEntry], where: str) -> Graph
     return graph
 
 
-def _dims(shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(isinstance(d, int) and 0 <= d < 1 << 31 for d in shape):
-        raise ValueError(f"bad shape {shape!r}")
-    return tuple(shape)
+def _dims(shape: list[int]) -> tuple[int, ...]:
+    return tuple(shape)  # the schema checked the values
 
 
 def _const(doc: dict[str, Any], weights: list[WeightEntry]) -> np.ndarray:
     index = doc["weight"]
-    if not isinstance(index, int) or not 0 <= index < len(weights):
+    if index >= len(weights):
         raise IndexError(f"const {doc['name']!r} refers to weight {index!r} of {len(weights)}")
     entry = weights[index]
     shape = _dims(doc["shape"])

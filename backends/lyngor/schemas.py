@@ -1,8 +1,8 @@
 """JSON Schemas (draft 2020-12) of the three Lyngor manifests, written from the documented field list.
 
 They are plain dicts, kept apart from the field tables in `manifest.py` that write and read the files, so a
-test can check the writer against the documentation with the `jsonschema` package (a dev dependency; npuc
-itself never imports it):
+test can check the writer against the documentation, and `manifest.read_tree` checks every manifest it reads
+against them (with `jsonschema`, through `compiler/schema.py`) before decoding a field:
 
 - NET_PARAMS: net_params.json — every field of Lynxi's "编译生成物说明" page, with its type and spelling
   (the key "net:" keeps its colon).
@@ -14,6 +14,8 @@ itself never imports it):
   image_size, sub_image_size (a string holding a list), sub_image_size_ex, inputs.datai<i> / outputs.datao<i>
   {dtype, name, shape string, shape_ex, size}, and for several resolutions coremem_res_index_addr,
   coremem_res_pc_offset, resolution_config.res<i> {core_phy_id, noc_config, shape}, resolution_num.
+- NET_PARAMS_READ, TOP_GRAPH_DOCUMENTED, APU_READ: what a vendor tree may hold (the documented form or the older
+  one the golden yolox_s build has).
 - NPUC_APU: npuc's own program descriptor npuc_apu.json (`cmd_size`/`dat_size` multiples of 256, per-resolution
   `sub_image_size` strings and `sub_image_size_ex` arrays, `resolution_num`, `default_resolution`,
   `resolution_config.res<i>`).
@@ -34,6 +36,7 @@ MODE = {"enum": ["DP", "MP"]}
 TUPLE_SHAPE = {"type": "string", "pattern": r"^\((\d+(, \d+)*,?)?\)$"}  # "(1, 128)", as top_graph.json prints
 LIST_SHAPE = {"type": "string", "pattern": r"^\[(\d+(, \d+)*)?\]$"}  # "[1, 64, 64, 3]"
 SHAPE_EX = {"type": "array", "items": COUNT}
+MAX_NETS = 64  # one Net_<i>/ folder per network; the reader looks for each
 SIZE_256 = {"type": "integer", "minimum": 256, "multipleOf": 256}
 
 
@@ -66,12 +69,17 @@ NET_PARAMS: dict[str, Any] = {
             "target": {"const": "apu"},
             "is_map": BOOLEAN,
             "chip_num": {"const": 1},
-            "net_num": POSITIVE,
+            "net_num": {"type": "integer", "minimum": 1, "maximum": MAX_NETS},
             "parallel_mode": MODE,
             "run_batch": POSITIVE,
             "cpu_arch": STRING,
             "cc": STRING,
-            "file_name": closed({k: STRING for k in ("cpu_lib", "cpu_graph", "cpu_params", "apu_lib", "io_config")}),
+            "file_name": closed(
+                {
+                    **{k: STRING for k in ("cpu_lib", "cpu_graph", "cpu_params", "apu_lib")},
+                    "io_config": {"type": "string", "pattern": r"^[\w.-]+\.json$"},  # read from Net_0/: a plain name
+                }
+            ),
             "net:": {"type": ["object", "array", "null"]},  # network split info, usually null
             "is_dynamic_shape": BOOLEAN,
             "build_mode": {"enum": ["abc", "hop", "auto"]},
@@ -203,6 +211,49 @@ NPUC_APU: dict[str, Any] = {
             "resolution_num": POSITIVE,
             "default_resolution": COUNT,
             "resolution_config": keyed(r"^res\d+$", RESOLUTION, 1),
+        }
+    ),
+}
+
+# ---- what the reader accepts from a vendor tree: the documented form, or the older one a 2022 Lyngor wrote
+# (map_batch for run_batch; no version/is_dynamic_shape/build_mode; apu.json without n_slice,
+# crmem_load_base_addr, sub_image_size_ex, shape_ex; fields the document does not list pass through).
+
+OLDER_NET_PARAMS = ("version", "run_batch", "is_dynamic_shape", "build_mode")
+
+
+def opened(schema: dict[str, Any], optional: tuple[str, ...], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`schema` (a closed object) with the `optional` fields no longer required and unknown fields allowed."""
+    return {
+        **schema,
+        "properties": {**schema["properties"], **(extra or {})},
+        "required": [k for k in schema["required"] if k not in optional],
+        "additionalProperties": True,
+    }
+
+
+NET_PARAMS_READ: dict[str, Any] = {
+    **opened(NET_PARAMS, OLDER_NET_PARAMS, {"map_batch": POSITIVE}),
+    "title": "net_params.json (documented or older form)",
+    "description": "net_params.json with run_batch (or the older map_batch)",
+    "anyOf": [{"required": ["run_batch"]}, {"required": ["map_batch"]}],
+}
+OLDER_APU_X = ("n_slice", "crmem_load_base_addr", "sub_image_size_ex")
+APU_NODE_READ = opened(APU_NODE, ("shape_ex",))
+APU_X = APU["properties"]["apu_x"]
+APU_READ: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": "apu.json (documented or older form)",
+    **closed(
+        {
+            "apu_x": {
+                **opened(APU_X, OLDER_APU_X),
+                "properties": {
+                    **APU_X["properties"],
+                    "inputs": keyed(r"^datai\d+$", APU_NODE_READ, 1),
+                    "outputs": keyed(r"^datao\d+$", APU_NODE_READ, 1),
+                },
+            }
         }
     ),
 }
