@@ -63,7 +63,7 @@ def _private(ctx: Lowering, buf: int, lowered: set[str], readers: list[int]) -> 
     """True if nothing but `readers` reads `buf`, now or later (no graph output, no op still to lower)."""
     if _readers(ctx, buf) != readers or buf in ctx.parents:
         return False
-    consumers = ctx.graph.consumers()
+    consumers = ctx.consumers()
     names = [name for name, value in ctx.values.items() if value.buf == buf]
     later = [c for name in names for c in consumers.get(name, []) if c.name not in lowered]
     return not later and not any(name in ctx.graph.outputs for name in names)

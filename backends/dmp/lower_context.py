@@ -66,6 +66,7 @@ class Lowering:
     consumed: set[str] = field(default_factory=set)  # ops absorbed into an earlier run
     parents: dict[int, tuple[int, int]] = field(default_factory=dict)  # buffer -> (enclosing buffer, byte offset)
     views: set[int] = field(default_factory=set)  # buffers that are channel views (no layer writes them)
+    _consumers: dict[str, list[Op]] | None = field(default=None, repr=False)
 
     # ---- helpers used by the op handlers --------------------------------------------------------------
     def new_buffer(self, nbytes: int) -> int:
@@ -81,10 +82,17 @@ class Lowering:
     def const(self, name: str) -> np.ndarray | None:
         return self.graph.const(name)
 
+    def consumers(self) -> dict[str, list[Op]]:
+        """Tensor -> the ops reading it, built once: lowering reads the graph but never changes it (a 5000-layer
+        chain spent a minute rebuilding this map per query)."""
+        if self._consumers is None:
+            self._consumers = self.graph.consumers()
+        return self._consumers
+
     def sole_user(self, name: str) -> Op | None:
         if name in self.graph.outputs:
             return None
-        users = self.graph.consumers().get(name, [])
+        users = self.consumers().get(name, [])
         return users[0] if len(users) == 1 else None
 
     def add_layer(self, layer: Layer, src: Value, out: Value, eltwise: Value | None = None, **params: Value) -> int:

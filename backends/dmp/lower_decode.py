@@ -31,7 +31,7 @@ def rows_alias(ctx: Lowering, op: Op, src: Value) -> bool:
     out = op.outputs[0]
     if ctx.graph.shape(out) != (1, c, h * w) or src.view != "nchw" or src.layout != "whc8" or src.layer is None:
         return False
-    readers = ctx.graph.consumers().get(out, [])
+    readers = ctx.consumers().get(out, [])
     if out in ctx.graph.outputs or not readers or any(r.kind != "concat" or r.attrs.axis % 3 != 2 for r in readers):
         return False
     ctx.values[out] = Value(src.buf, src.dims, src.layout, src.dtype, ROWS, None, src.layer)
@@ -72,7 +72,7 @@ def _scores_on_dv700(ctx: Lowering, srcs: list[Value], classes: int) -> bool:
     reshapes and concats) when every level is a free LT_CONCAT whose last input is a one-run conv layer of
     `classes` channels, without activation, that nothing else reads. True if it did."""
     runs = []
-    consumers = ctx.graph.consumers()
+    consumers = ctx.consumers()
     for s in srcs:
         level = ctx.layers[s.layer]
         cls = ctx.layers[level.input_layers[-1]] if level.type == "LT_CONCAT" and level.input_layers else None
