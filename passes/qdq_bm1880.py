@@ -179,8 +179,57 @@ def _concat(w: _Writer, layer: Layer, xs: list[str]) -> None:
     w.e.b.node("Concat", parts, w.out(layer), axis=int(layer.mode))
 
 
+def _copy(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """Slice/split: the strided region of the input's 4-D view, bytes unchanged."""
+    e = w.e
+    shape = w.net.shapes[layer.output]
+    starts = np.array(layer.offsets, np.int64)
+    ends = starts + (np.array(shape, np.int64) - 1) * np.array(layer.steps, np.int64) + 1
+    args = [e.c("starts", starts), e.c("ends", ends), e.c("axes", np.arange(4, dtype=np.int64)),
+            e.c("steps", np.array(layer.steps, np.int64))]  # fmt: skip
+    e.b.node("Slice", [xs[0], *args], w.out(layer))
+
+
+def _upsample(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """Nearest upsample: each code repeated sh x sw (a reshape to (n, c, h, 1, w, 1), expand, reshape)."""
+    e = w.e
+    n, c, h, wd = w.net.shapes[layer.inputs[0]]
+    _, _, sh, sw = layer.steps
+    six = e.b.node("Reshape", [xs[0], e.c("shape", np.array([n, c, h, 1, wd, 1], np.int64))])
+    wide = e.b.node("Expand", [six, e.c("shape", np.array([n, c, h, sh, wd, sw], np.int64))])
+    e.b.node("Reshape", [wide, e.c("shape", np.array(w.net.shapes[layer.output], np.int64))], w.out(layer))
+
+
+def _lut(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """The table indexed by the input code's byte, (q + 256) mod 256."""
+    e = w.e
+    byte = e.c("byte", np.int64(256))
+    index = e.b.node("Mod", [e.b.node("Add", [e.to_i64(xs[0]), byte]), byte])
+    table = e.c(f"{layer.name}_table", np.asarray(layer.weight, np.int8))
+    e.b.node("Gather", [table, index], w.out(layer), axis=0)
+
+
+def _mul(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """`sat8(shift(sat16(x·s)·m, r))`, s broadcast per channel."""
+    e = w.e
+    (m,) = layer.multipliers
+    product = w.sat(e.b.node("Mul", [e.to_i64(xs[0]), e.to_i64(xs[1])]), *INT16)
+    e.finish(w.scaled(product, m, layer.rshift), w.out(layer))
+
+
 LAYER_EMITTERS: Mapping[str, LayerEmitter] = MappingProxyType(
-    {"conv": _conv, "dwconv": _conv, "pool": _pool, "act": _activation, "eltwise": _eltwise, "concat": _concat}
+    {
+        "conv": _conv,
+        "dwconv": _conv,
+        "pool": _pool,
+        "act": _activation,
+        "eltwise": _eltwise,
+        "concat": _concat,
+        "copy": _copy,
+        "upsample": _upsample,
+        "lut": _lut,
+        "mul": _mul,
+    }
 )
 
 

@@ -19,6 +19,7 @@ from . import isa
 from .emit import Emitter, LTensor, align, tile_bytes
 from .groups import Unit, edge_pads
 from .kernels import KERNELS, LayerBuffers, Window, arith
+from .moves import MOVE_EMITTERS
 from .quantize import Layer, LoweredNet
 
 FOREVER = 1 << 30
@@ -121,6 +122,9 @@ class Program:
         offset = self.offsets[owner] + n0 * gs[0] + c0 * gs[1] + h0 * gs[2] + w0
         self.em.gdma(load, isa.FLAG_NEURON, offset, gs, t)
 
+    def weight_offset(self, layer: Layer) -> int:
+        return self.blob.add(layer).weight
+
     def load_weights(self, layer: Layer, addr: int, oc_range: tuple[int, int]) -> tuple[int, int]:
         """GDMA the layer's weights (channels oc_range) to `addr`; returns (weight, bias) local addresses."""
         ref = self.blob.add(layer)
@@ -150,6 +154,9 @@ class Program:
         net, layers = self.net, unit.layers
         if layers[0].kind == "concat":
             self._concat(layers[0])
+            return
+        if layers[0].kind in MOVE_EMITTERS:
+            MOVE_EMITTERS[layers[0].kind](self, layers[0])
             return
         oc_full = net.shapes[layers[-1].output][1]
         chunk = unit.oc_range or (0, oc_full)

@@ -37,6 +37,7 @@ from .quantize import Layer, LoweredNet
 OPT_LEVELS = ("none", "layer-group", "layer-group-weight")
 JOIN_KINDS = frozenset({"conv", "dwconv", "pool", "act", "eltwise"})
 WINDOW_KINDS = frozenset({"conv", "dwconv", "pool"})  # BDs that read shape-derived strides
+LONE_KINDS = frozenset({"concat", "copy", "upsample", "lut", "mul"})
 RESIDENT_SHARE = 2  # a layer's weights may take at most 1/RESIDENT_SHARE of a lane to join a group
 
 
@@ -290,7 +291,7 @@ def _lone(net: LoweredNet, layer: Layer) -> list[Unit]:
     """A one-layer unit (its weights loaded once), split by output channels when a conv's weights do not fit."""
     view = NetView(net)
     group = make_group(view, [layer], layer_window)
-    if layer.kind == "concat":
+    if layer.kind in LONE_KINDS:  # emitted whole by codegen (concat) or moves.py, tiled there
         return [Unit(group)]
     unit = Unit(group)
     if fit_unit(net, unit):
