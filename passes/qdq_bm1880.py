@@ -180,14 +180,18 @@ def _concat(w: _Writer, layer: Layer, xs: list[str]) -> None:
 
 
 def _copy(w: _Writer, layer: Layer, xs: list[str]) -> None:
-    """Slice/split: the strided region of the input's 4-D view, bytes unchanged."""
+    """Slice/split/transpose: the strided region of the input's 4-D view, then the permutation; bytes unchanged."""
     e = w.e
-    shape = w.net.shapes[layer.output]
+    out_shape = w.net.shapes[layer.output]
+    shape = [out_shape[layer.perm.index(a)] for a in range(4)]  # the region in input axes
     starts = np.array(layer.offsets, np.int64)
     ends = starts + (np.array(shape, np.int64) - 1) * np.array(layer.steps, np.int64) + 1
     args = [e.c("starts", starts), e.c("ends", ends), e.c("axes", np.arange(4, dtype=np.int64)),
             e.c("steps", np.array(layer.steps, np.int64))]  # fmt: skip
-    e.b.node("Slice", [xs[0], *args], w.out(layer))
+    if layer.perm == (0, 1, 2, 3):
+        e.b.node("Slice", [xs[0], *args], w.out(layer))
+        return
+    e.b.node("Transpose", [e.b.node("Slice", [xs[0], *args])], w.out(layer), perm=list(layer.perm))
 
 
 def _upsample(w: _Writer, layer: Layer, xs: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""bm1880 data moves and lookups: slice/split (GDMA S2S copies), nearest upsample (TIU strided copies), LUT
+"""bm1880 data moves and lookups: slice/split/transpose (GDMA S2S copies), nearest upsample (TIU strided copies), LUT
 activations (hard-swish, hard-sigmoid, sigmoid), products (SE per-channel, SiLU's x·sigmoid(x), constants).
 
 Each generated model is built, written, read back and simulated from its bytes; every output code equals the
@@ -93,6 +93,18 @@ def lookup_model(path: Path) -> Path:
     return net.save(path, ["y"])
 
 
+def transpose_model(path: Path, perm: tuple[int, ...] = (0, 2, 1, 3)) -> Path:
+    """conv -> Transpose (channels <-> rows) -> conv; and the DFL head's reshape (1, 4, 4, 120) -> transpose."""
+    net = Net(5)
+    net.conv("c0", "x", "t0", 8, 16, 3)
+    net.node("Transpose", ["t0"], ["tt"], "swap", perm=[0, 2, 1, 3])
+    net.conv("c1", "tt", "y", 12, 4, 3)
+    net.node("Reshape", ["t0", net.const("dfl", np.array([1, 4, 4, 120], np.int64))], ["r"], "reshape")
+    net.node("Transpose", ["r"], ["d"], "dfl_transpose", perm=list(perm))
+    net.conv("c2", "d", "z", 4 if perm[1] == 2 else 120, 4, 1)
+    return net.save(path, ["y", "z"])
+
+
 def _graph(path: Path):
     graph = import_onnx(path)
     canonicalize(graph)
@@ -138,12 +150,21 @@ def test_lookups_and_products_are_exact(tmp_path):
     assert worst >= 0.998  # measured 0.9994
 
 
+def test_transposes_are_strided_copies(tmp_path):
+    compared, worst, models = _exact_against_reference(transpose_model(tmp_path / "transpose.onnx"))
+    assert compared == 2 * 3 * (4 * 16 * 10 + 4 * 4 * 120)
+    assert worst >= 0.999
+    directions = [gdma_direction(i) for i in decode_cmdbuf(models[0].commands[0].cmdbuf) if i.engine == 2]
+    assert directions.count("S2S") == 2
+
+
 @pytest.mark.parametrize(
     "make, what",
     [
         (lambda p: moves_model(p, slice_steps=(1, 2)), r"op 'slice' \(slice\) with step 2 along the last axis"),
         (lambda p: moves_model(p, scales=(1.5, 2.0)), r"op 'up' \(resize\) mode nearest"),
         (lambda p: moves_model(p, mode="tf_crop_and_resize"), r"op 'up' \(resize\)"),
+        (lambda p: transpose_model(p, perm=(0, 3, 2, 1)), r"op 'dfl_transpose' \(transpose\) with perm \[0, 3, 2, 1\]"),
     ],
 )
 def test_moves_the_hardware_cannot_do_name_the_op(tmp_path, make, what):
@@ -153,7 +174,8 @@ def test_moves_the_hardware_cannot_do_name_the_op(tmp_path, make, what):
 
 
 def test_inspect_lists_no_gap(tmp_path):
-    for path in (moves_model(tmp_path / "moves.onnx"), lookup_model(tmp_path / "lookup.onnx")):
+    models = (moves_model(tmp_path / "m.onnx"), lookup_model(tmp_path / "l.onnx"), transpose_model(tmp_path / "t.onnx"))
+    for path in models:
         done = subprocess.run([sys.executable, "-m", "npuc", "inspect", str(path), "--target", "bm1880"],
                               capture_output=True, text=True, check=False)  # fmt: skip
         assert done.returncode == 0 and "bm1880 (int8): every op runs" in done.stdout, done.stdout + done.stderr

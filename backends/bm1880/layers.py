@@ -37,7 +37,8 @@ class Layer:
     multipliers: tuple[int, ...] = ()  # pool/concat/eltwise: per input; act: (gt_scale, le_scale)
     shifts: tuple[int, ...] = ()  # concat: per input; act: (gt_shift, le_shift)
     offsets: tuple[int, int, int, int] = (0, 0, 0, 0)  # copy: first element read, per NCHW axis
-    steps: tuple[int, int, int, int] = (1, 1, 1, 1)  # copy: read step per axis; upsample: (1, 1, sh, sw)
+    steps: tuple[int, int, int, int] = (1, 1, 1, 1)  # copy: read step per input axis; upsample: (1, 1, sh, sw)
+    perm: tuple[int, int, int, int] = (0, 1, 2, 3)  # copy: the input axis each output axis walks (transpose)
 
     @property
     def outputs(self) -> list[str]:

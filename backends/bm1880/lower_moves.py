@@ -39,13 +39,30 @@ def _same_scale(ctx: LowerContext, src: str, out: str) -> None:
     ctx.net.thresholds[out] = ctx.t(src)
 
 
-def _add_copy(ctx: LowerContext, op: Op, out: str, offsets: list[int], steps: list[int]) -> None:
+def _add_copy(ctx: LowerContext, op: Op, out: str, offsets: list[int], steps: list[int], perm=(0, 1, 2, 3)) -> None:
     src = op.inputs[0]
     if steps[3] != 1:
         raise unsupported(op, f"with step {steps[3]} along the last axis (GDMA has no element stride)")
     _same_scale(ctx, src, out)
     ctx.add(Layer(f"{op.name}#{out}" if len(op.outputs) > 1 else op.name, "copy", (src,), out,
-                  offsets=tuple(offsets), steps=tuple(steps)))  # fmt: skip
+                  offsets=tuple(offsets), steps=tuple(steps), perm=tuple(perm)))  # fmt: skip
+
+
+def lower_transpose(ctx: LowerContext, op: Op) -> None:
+    """A permutation that keeps the last axis of the NCHW view in place: an S2S copy with permuted strides."""
+    src = op.inputs[0]
+    rank = len(ctx.graph.shape(src))
+    axes = AXES_4D.get(rank, ())
+    perm4 = [0, 1, 2, 3]
+    for k, p in enumerate(op.attrs.perm):
+        perm4[axes[k]] = axes[p]
+    if not axes or perm4[3] != 3:
+        raise unsupported(
+            op,
+            f"with perm {list(op.attrs.perm)} moving the last axis (GDMA copies rows whole; its transpose mode "
+            "is undocumented for BM1880)",
+        )
+    _add_copy(ctx, op, op.outputs[0], [0, 0, 0, 0], [1, 1, 1, 1], perm4)
 
 
 def lower_slice(ctx: LowerContext, op: Op) -> None:

@@ -1,7 +1,8 @@
 """Emission of the BM1880 layers that run as units of their own: copies, nearest upsample, lookups, products.
 
 Each works item by item and in row tiles that fit a lane (inputs, output and temporaries together):
-- copy (slice/split): S2S GDMAs straight from the input's bytes to the output's, no local memory;
+- copy (slice/split/transpose): S2S GDMAs straight from the input's bytes to the output's, with the
+  source strides scaled by the steps and permuted; no local memory;
 - upsample: load the input rows, one TIU copy per (dy, dx) of the factor into the output tile read with
   strides (sh·W_out, sw), store the tile;
 - lut: the 256-byte table loaded once into every lane (c-stride 0 replicates it), then per tile a lookup BD;
@@ -56,8 +57,9 @@ def copy(p: Target, layer: Layer) -> None:
     src, out = layer.inputs[0], layer.output
     n, c, h, w = p.net.shapes[out]
     sstr, dstr = _gstrides(p.net.shapes[src]), _gstrides(p.net.shapes[out])
-    base = p.offsets[p.net.storage[src]] + sum(o * s for o, s in zip(layer.offsets, (*sstr, 1), strict=True))
-    step_str = tuple(s * k for s, k in zip(sstr, layer.steps[:3], strict=True))
+    full = (*sstr, 1)
+    base = p.offsets[p.net.storage[src]] + sum(o * s for o, s in zip(layer.offsets, full, strict=True))
+    step_str = tuple(full[a] * layer.steps[a] for a in layer.perm[:3])  # output axis k walks input axis perm[k]
     rows = max(1, min(h, COPY_LIMIT // max(1, c * w)))
     for n0 in range(n):
         for h0 in range(0, h, rows):

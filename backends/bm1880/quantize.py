@@ -25,7 +25,7 @@ from npuc.compiler.ir import Graph, Op
 from npuc.passes import fixedpoint as fp
 
 from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
-from .lower_moves import lower_lut, lower_mul, lower_resize, lower_slice, lower_split
+from .lower_moves import lower_lut, lower_mul, lower_resize, lower_slice, lower_split, lower_transpose
 
 HOST_TAIL_KINDS = ("transpose", "softmax")
 HOST_TAIL_ACTIVATIONS = ("elu",)  # BMNet runs these as CPU ("customized") layers after the NPU
@@ -314,6 +314,14 @@ LOWERINGS: dict[str, Callable[[LowerContext, Op], None]] = {
     "slice": lower_slice,
     "split": lower_split,
     "resize": lower_resize,
+    "transpose": lower_transpose,
+}
+
+
+# ops inside the net with no BM1880 int8 form, and why (as a trailing output they are left to the host)
+NO_FORM = {
+    "softmax": "the TIU has no exponent, cross-channel sum or divide in int8, and a 256-entry lookup sees one "
+    "value at a time; BMNet runs softmax on the host, only as a net output",
 }
 
 
@@ -359,6 +367,8 @@ def lower(
     graph.prune()
     for op in graph.ops:
         with per_op(op):
+            if op.kind in NO_FORM:
+                raise UnsupportedError(f"op '{op.name}' ({op.kind}) cannot run on bm1880: {NO_FORM[op.kind]}")
             if op.kind not in LOWERINGS:
                 raise UnsupportedError(
                     f"op '{op.name}' ({op.kind}) is not supported by the bm1880 target "
