@@ -18,7 +18,7 @@ from npuc.passes.layer_group import Tile
 from . import isa
 from .emit import Emitter, LTensor, align, tile_bytes
 from .groups import Unit, edge_pads
-from .kernels import KERNELS, LayerBuffers, Window, arith
+from .kernels import KERNELS, LUT_ENTRIES, LayerBuffers, Window, arith, lut_table
 from .moves import MOVE_EMITTERS
 from .quantize import Layer, LoweredNet
 
@@ -122,9 +122,6 @@ class Program:
         offset = self.offsets[owner] + n0 * gs[0] + c0 * gs[1] + h0 * gs[2] + w0
         self.em.gdma(load, isa.FLAG_NEURON, offset, gs, t)
 
-    def weight_offset(self, layer: Layer) -> int:
-        return self.blob.add(layer).weight
-
     def load_weights(self, layer: Layer, addr: int, oc_range: tuple[int, int]) -> tuple[int, int]:
         """GDMA the layer's weights (channels oc_range) to `addr`; returns (weight, bias) local addresses."""
         ref = self.blob.add(layer)
@@ -132,6 +129,9 @@ class Program:
             return 0, 0
         c0, c1 = oc_range
         oc = c1 - c0
+        if layer.kind == "lut":  # c-stride 0: the same 256 bytes into every lane
+            self.em.load_weight(ref.weight, (LUT_ENTRIES, 0, LUT_ENTRIES), lut_table(addr))
+            return addr, 0
         if layer.kind == "conv":
             full, ic, kh, kw = layer.weight.shape
             per = kh * kw * ic

@@ -31,13 +31,13 @@ from npuc.passes.layer_group import SAME_ROWS, LayerGroup, Rows, RowWindow, Tile
 
 from . import isa
 from .emit import align, lane_blocks, tile_bytes
-from .kernels import work_bytes
+from .kernels import lut_table, work_bytes
 from .quantize import Layer, LoweredNet
 
 OPT_LEVELS = ("none", "layer-group", "layer-group-weight")
-JOIN_KINDS = frozenset({"conv", "dwconv", "pool", "act", "eltwise"})
+JOIN_KINDS = frozenset({"conv", "dwconv", "pool", "act", "eltwise", "lut"})
 WINDOW_KINDS = frozenset({"conv", "dwconv", "pool"})  # BDs that read shape-derived strides
-LONE_KINDS = frozenset({"concat", "copy", "upsample", "lut", "mul"})
+LONE_KINDS = frozenset({"concat", "copy", "upsample", "mul"})
 RESIDENT_SHARE = 2  # a layer's weights may take at most 1/RESIDENT_SHARE of a lane to join a group
 
 
@@ -93,6 +93,8 @@ def weight_lane_bytes(layer: Layer, oc: int) -> int:
         return align(lane_blocks(oc) * kh * kw * ic) + align(bias)
     if layer.kind == "dwconv":
         return align(lane_blocks(oc) * align(layer.kernel[0] * layer.kernel[1])) + align(bias)
+    if layer.kind == "lut":
+        return lut_table(0).lane_bytes  # the table, whole in every lane
     return lane_blocks(oc) * isa.EU_NUM  # prelu slopes, EU-aligned (1, c, 1, 1)
 
 

@@ -2,7 +2,8 @@
 
 Forms are the ones the vendor's compiler emits (golden P-Net): conv = one conv BD with 16-bit bias in two
 byte planes; max pool = depthwise/pool BD (eu 0, pad value -128) then an unsigned-constant MUL to requantize;
-PReLU = MAX 0, MUL gt_scale, MIN 0, 1x1 depthwise by the int8 slopes, OR of the two halves. npuc's own
+PReLU = MAX 0, MUL gt_scale, MIN 0, 1x1 depthwise by the int8 slopes, OR of the two halves; lookup =
+tensor-arith BD with tens_lookup over the table `bmk1880_tpu_lut` reads (specs/bm1880.md §2.7). npuc's own
 forms where the vendor files show none: average pool (eu 1, window sum x constant), LeakyReLU (MUL by a signed
 constant instead of the depthwise slopes), eltwise add/max (per-input MUL into 16-bit, then ADD/MAX with the
 common shift into int8).
@@ -13,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import isa
 from .emit import Emitter, LTensor, operand
-from .quantize import Layer
+from .layers import Layer
 
 SIGNED_INT8 = dict(
     opt_res0_sign=1, opt_opd0_sign=1, opt_opd1_sign=1, opt_opd2_sign=1,
@@ -143,12 +145,32 @@ def eltwise(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) 
     arith(em, layer.mode, buf.y, t1, t2, layer.rshift, opt_relu=int(layer.relu), opt_opd0_int8=0, opt_opd1_int8=0)
 
 
+LUT_ENTRIES = 256
+
+
+def lut_table(addr: int) -> LTensor:
+    """The lookup table in local memory: (1, 32, 1, 256), the same 256 bytes in every lane."""
+    return LTensor(addr, (1, isa.NPU_NUM, 1, LUT_ENTRIES))
+
+
+def lookup(em: Emitter, y: LTensor, x: LTensor, table: LTensor) -> None:
+    """Tensor-arith BD with tens_lookup: y = table[lane][x's byte] (opd1 the (1, 32, 1, 256) table)."""
+    fields = dict(tsk_typ=3, tens_lookup=1, tsk_opd_num=2, **SIGNED_INT8)
+    fields |= operand("res0", y, True) | operand("opd0", x, True) | operand("opd1", table) | dict(short_opd1_str=0)
+    em.bd(fields)
+
+
+def lut(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -> None:
+    lookup(em, buf.y, buf.x, lut_table(buf.weight))
+
+
 KERNELS: dict[str, Callable[[Emitter, Layer, LayerBuffers, Window, int], None]] = {
     "conv": conv,
     "dwconv": dwconv,
     "pool": pool,
     "act": activation,
     "eltwise": eltwise,
+    "lut": lut,
 }
 
 

@@ -1,11 +1,10 @@
-"""Emission of the BM1880 layers that run as units of their own: copies, nearest upsample, lookups, products.
+"""Emission of the BM1880 layers that run as units of their own: copies, nearest upsample, products.
 
 Each works item by item and in row tiles that fit a lane (inputs, output and temporaries together):
 - copy (slice/split/transpose): S2S GDMAs straight from the input's bytes to the output's, with the
   source strides scaled by the steps and permuted; no local memory;
 - upsample: load the input rows, one TIU copy per (dy, dx) of the factor into the output tile read with
   strides (sh·W_out, sw), store the tile;
-- lut: the 256-byte table loaded once into every lane (c-stride 0 replicates it), then per tile a lookup BD;
 - mul: a 16-bit product BD (the per-channel factor read with h/w strides 0), then a multiply-shift BD to int8.
 """
 
@@ -17,11 +16,10 @@ from typing import Protocol
 from npuc.compiler.errors import UnsupportedError
 
 from . import isa
-from .emit import Emitter, LTensor, align, operand, tile_bytes
-from .kernels import SIGNED_INT8, arith
+from .emit import Emitter, LTensor, align, tile_bytes
+from .kernels import arith
 from .layers import Layer, LoweredNet, Shape4
 
-LUT_ENTRIES = 256
 COPY_LIMIT = isa.NPU_NUM * isa.LMEM_SIZE  # elements per S2S GDMA: the size a simulator operand may have
 
 
@@ -33,8 +31,6 @@ class Target(Protocol):
     em: Emitter
 
     def neuron(self, load: bool, name: str, t: LTensor, n0: int, c0: int, h0: int, w0: int = 0) -> None: ...
-
-    def weight_offset(self, layer: Layer) -> int: ...
 
 
 def _gstrides(shape: Shape4) -> tuple[int, int, int]:
@@ -91,32 +87,6 @@ def upsample(p: Target, layer: Layer) -> None:
             p.neuron(False, out, y, n0, 0, h0 * sh)
 
 
-def lut(p: Target, layer: Layer) -> None:
-    src, out = layer.inputs[0], layer.output
-    n, c, h, w = p.net.shapes[src]
-    table = LTensor(0, (1, isa.NPU_NUM, 1, LUT_ENTRIES))
-    p.em.load_weight(p.weight_offset(layer), (LUT_ENTRIES, 0, LUT_ENTRIES), table)
-    base = align(table.lane_bytes)
-
-    def lane(rows: int) -> int:
-        return base + 2 * align(tile_bytes((1, c, rows, w)))
-
-    for n0 in range(n):
-        for h0, rows in row_tiles(h, lane, f"lookup '{layer.name}'"):
-            x = LTensor(base, (1, c, rows, w))
-            y = LTensor(base + align(x.lane_bytes), x.shape)
-            p.neuron(True, src, x, n0, 0, h0)
-            lookup(p.em, y, x, table)
-            p.neuron(False, out, y, n0, 0, h0)
-
-
-def lookup(em: Emitter, y: LTensor, x: LTensor, table: LTensor) -> None:
-    """Tensor-arith BD with tens_lookup: y = table[lane][x's byte] (opd1 the (1, 32, 1, 256) table)."""
-    fields = dict(tsk_typ=3, tens_lookup=1, tsk_opd_num=2, **SIGNED_INT8)
-    fields |= operand("res0", y, True) | operand("opd0", x, True) | operand("opd1", table) | dict(short_opd1_str=0)
-    em.bd(fields)
-
-
 def mul(p: Target, layer: Layer) -> None:
     x_name, s_name = layer.inputs
     n, c, h, w = p.net.shapes[layer.output]
@@ -151,6 +121,5 @@ def mul(p: Target, layer: Layer) -> None:
 MOVE_EMITTERS: dict[str, Callable[[Target, Layer], None]] = {
     "copy": copy,
     "upsample": upsample,
-    "lut": lut,
     "mul": mul,
 }
