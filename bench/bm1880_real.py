@@ -56,16 +56,24 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path) -> str:
     session = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     written = load_bmodel(bmodel)
-    cosines, agree = [], 0
+    cosines, probs, agree = [], [], 0
     for feed in feeds[n_calib:]:
-        ref = dict(zip(names, session.run(None, feed)))[logits]
+        ref = dict(zip(names, session.run(None, feed)))[logits].reshape(1, -1)
         (got,) = run_bmodel(written, {"input": feed[input_name]}).values()
-        cosines.append(float(output_cosines(ref.reshape(1, -1), got.reshape(1, -1))[0]))
+        got = got.reshape(1, -1)
+        cosines.append(float(output_cosines(ref, got)[0]))
+        probs.append(float(output_cosines(_softmax(ref), _softmax(got))[0]))  # what the host's softmax returns
         agree += int(np.argmax(got) == np.argmax(ref))
     return (
         f"{name}: calibrated on {n_calib} pictures ({spent:.0f} s), {n_eval} others: logit cosine mean "
-        f"{np.mean(cosines):.5f} worst {min(cosines):.5f}, top-1 {agree}/{n_eval}"
+        f"{np.mean(cosines):.5f} worst {min(cosines):.5f}; softmax output cosine mean {np.mean(probs):.5f} "
+        f"worst {min(probs):.5f}; top-1 {agree}/{n_eval}"
     )
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def main() -> None:

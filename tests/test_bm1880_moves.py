@@ -27,6 +27,7 @@ from npuc.frontends.onnx import import_onnx
 from npuc.passes.calibrate import max_abs_thresholds
 from npuc.passes.canonicalize import canonicalize
 from npuc.passes.qdq import write_qdq_bm1880
+from npuc.passes.qdq_bm1880 import lower_for_export
 
 SHAPE = [1, 8, 12, 10]
 
@@ -179,3 +180,26 @@ def test_inspect_lists_no_gap(tmp_path):
         done = subprocess.run([sys.executable, "-m", "npuc", "inspect", str(path), "--target", "bm1880"],
                               capture_output=True, text=True, check=False)  # fmt: skip
         assert done.returncode == 0 and "bm1880 (int8): every op runs" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "name, shape", [("pplcnet_orientation", [1, 3, 224, 224]), ("mbv3_textline_cls", [1, 3, 48, 192])]
+)
+def test_real_classifiers_run_bit_exact(real_model, name, shape):
+    """PP-LCNet (hard-swish, SE, a constant scale) and MobileNetV3 text-cls (hard-swish, hard-sigmoid SE) build
+    for bm1880 and their bmodels, simulated from the bytes on real pictures, give the exact reference's codes
+    (max-abs thresholds of two pictures; accuracy with npuc calibrate's defaults: bench/bm1880_real.py)."""
+    from npuc.models.images import model_inputs
+
+    path = real_model(name)
+    graph = import_onnx(path, {"x": shape})
+    canonicalize(graph)
+    feeds = model_inputs(name, 3)
+    table = max_abs_thresholds(graph, feeds[:2])
+    model = read_bmodel(write_bmodel(compile_bmodel([graph], table, None, "layer-group", name)[0]))
+    kinds = {layer.kind for layer in lower_for_export(graph, table, None).net.layers}
+    assert {"lut", "mul"} <= kinds
+    probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table))
+    codes, _ = bmodel_codes(model, feeds[2]["x"])
+    classes = 4 if name == "pplcnet_orientation" else 2
+    assert assert_codes_equal(run_named(session(probe), feeds[2]), names, codes) == classes
