@@ -34,7 +34,7 @@ MODELS = {
 }
 
 
-def measure(name: str, n_calib: int, n_eval: int, work: Path) -> str:
+def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str = "layer") -> str:
     shape, logits = MODELS[name]
     model = fetch_model(name)
     feeds = model_inputs(name, n_calib + n_eval)
@@ -50,7 +50,8 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path) -> str:
         spent = time.perf_counter() - start
     dims = ",".join(map(str, shape))
     subprocess.run([sys.executable, "-m", "npuc", "build", str(model), "--target", "bm1880", "--calib", str(table),
-                    "--input-shape", f"{input_name}:{dims}", "-o", str(bmodel)], check=True)  # fmt: skip
+                    "--input-shape", f"{input_name}:{dims}", "--option", f"weight_scale={weight_scale}",
+                    "-o", str(bmodel)], check=True)  # fmt: skip
     float_model = onnx.load(model)
     float_model.graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -65,7 +66,8 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path) -> str:
         probs.append(float(output_cosines(_softmax(ref), _softmax(got))[0]))  # what the host's softmax returns
         agree += int(np.argmax(got) == np.argmax(ref))
     return (
-        f"{name}: calibrated on {n_calib} pictures ({spent:.0f} s), {n_eval} others: logit cosine mean "
+        f"{name} (weight_scale={weight_scale}): calibrated on {n_calib} pictures ({spent:.0f} s), {n_eval} others: "
+        f"logit cosine mean "
         f"{np.mean(cosines):.5f} worst {min(cosines):.5f}; softmax output cosine mean {np.mean(probs):.5f} "
         f"worst {min(probs):.5f}; top-1 {agree}/{n_eval}"
     )
@@ -82,9 +84,10 @@ def main() -> None:
     parser.add_argument("--calib", type=int, default=8)
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--work", type=Path, default=Path("build/bm1880_real"))
+    parser.add_argument("--weight-scale", default="layer", choices=("layer", "channel"))
     args = parser.parse_args()
     for name in args.models.split(","):
-        print(measure(name, args.calib, args.eval, args.work / name), flush=True)
+        print(measure(name, args.calib, args.eval, args.work / name, args.weight_scale), flush=True)
 
 
 if __name__ == "__main__":

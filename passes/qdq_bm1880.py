@@ -5,7 +5,8 @@ The layers come from the same lowering `npuc build --target bm1880` uses (backen
 the bmodel's descriptors run (backends/bm1880/kernels.py, specs/bm1880.md §3.2), on int64:
 
 - conv / FC / depthwise: `sat8(⌊(Σ x·W + B + 2^(r−1)) / 2^r⌋)` (ConvInteger, zero padding, 16-bit bias;
-  a fused ReLU before the shift, which equals clamping after it);
+  a fused ReLU before the shift, which equals clamping after it); with per-channel gains g the shifted sum is
+  saturated to 16 bits, then `sat8(shift(a16·g, 7))`;
 - max pool: MaxPool on the input padded with -128, then `sat8(⌊(y·m + 2^(r−1)) / 2^r⌋)` unless (m, r) is
   (1, 0); average pool: window sums (ConvInteger with a ones kernel, zero padding) times m, shifted;
 - ReLU / LeakyReLU / PReLU: `sat8(shift(max(x,0)·gt, gt_shift)) + sat8(shift(min(x,0)·le, le_shift))` with
@@ -52,13 +53,15 @@ class Bm1880Lowering:
     tail: tuple[Op, ...]
 
 
-def lower_for_export(graph: Graph, table: Mapping[str, float], table_names: dict[str, str] | None) -> Bm1880Lowering:
+def lower_for_export(
+    graph: Graph, table: Mapping[str, float], table_names: dict[str, str] | None, channel_gains: bool = False
+) -> Bm1880Lowering:
     """`backends.bm1880.quantize.lower` on a copy of `graph`; the host tail it drops is kept, in graph order."""
     work = copy.deepcopy(graph)
     strip_host_tail(work)
     kept = {op.name for op in work.ops}
     tail = tuple(op for op in graph.ops if op.name not in kept)
-    return Bm1880Lowering(lower(work, dict(table), table_names), tail)
+    return Bm1880Lowering(lower(work, dict(table), table_names, channel_gains=channel_gains), tail)
 
 
 def _onnx_pads(pads: tuple[int, int, int, int]) -> list[int]:
@@ -123,7 +126,14 @@ def _conv(w: _Writer, layer: Layer, xs: list[str]) -> None:
     acc = e.to_i64(e.b.node("ConvInteger", [xs[0], kernel], group=c if depthwise else 1, **attrs))
     if layer.bias is not None:
         acc = e.b.node("Add", [acc, e.c(f"{layer.name}_bias", np.asarray(layer.bias, np.int64).reshape(1, -1, 1, 1))])
-    e.finish(w.scaled(acc, 1, layer.rshift), w.out(layer), relu=layer.relu)
+    if layer.gains is None:
+        e.finish(w.scaled(acc, 1, layer.rshift), w.out(layer), relu=layer.relu)
+        return
+    if layer.relu:  # before the shift, as the BD does
+        acc = e.b.node("Max", [acc, e.c("zero", np.int64(0))])
+    wide = w.sat(w.scaled(acc, 1, layer.rshift), *INT16)  # the conv BD's 16-bit result
+    gains = e.c(f"{layer.name}_gains", np.asarray(layer.gains, np.int64).reshape(1, -1, 1, 1))
+    e.finish(w.scaled(e.b.node("Mul", [wide, gains]), 1, 7), w.out(layer))
 
 
 def _pool(w: _Writer, layer: Layer, xs: list[str]) -> None:

@@ -117,17 +117,18 @@ def _feeds(n: int = 3) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(n)]
 
 
-def _exact_against_reference(path: Path) -> tuple[int, float, list]:
+def _exact_against_reference(path: Path, weight_scale: str = "layer") -> tuple[int, float, list]:
     """Codes compared (all equal, both opt levels) and the worst output cosine against onnxruntime."""
     graph = _graph(path)
     feeds = _feeds()
     table = max_abs_thresholds(graph, feeds)
-    probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table))
+    gains = weight_scale == "channel"
+    probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table, channel_gains=gains))
     reference = session(probe)
     float_model = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     compared, worst, models = 0, 1.0, []
     for opt in ("none", "layer-group"):
-        model = read_bmodel(write_bmodel(compile_bmodel([graph], table, None, opt, path.stem)[0]))
+        model = read_bmodel(write_bmodel(compile_bmodel([graph], table, None, opt, path.stem, weight_scale)[0]))
         models.append(model)
         for feed in feeds:
             codes, floats = bmodel_codes(model, feed["x"])
@@ -149,6 +150,17 @@ def test_lookups_and_products_are_exact(tmp_path):
     compared, worst, _ = _exact_against_reference(lookup_model(tmp_path / "lookup.onnx"))
     assert compared == 2 * 3 * 8 * 12 * 10
     assert worst >= 0.998  # measured 0.9994
+
+
+def test_per_channel_gains_are_exact(tmp_path):
+    """weight_scale=channel: conv/depthwise write 16 bits, then a per-channel u8 gain and a shift of 7."""
+    path = lookup_model(tmp_path / "m.onnx")
+    graph = _graph(path)
+    table = max_abs_thresholds(graph, _feeds(1))
+    layers = lower_for_export(graph, table, None, channel_gains=True).net.layers
+    assert any(layer.gains is not None and layer.gains.min() < 128 for layer in layers)
+    compared, worst, _ = _exact_against_reference(path, "channel")
+    assert compared > 0 and worst >= 0.998
 
 
 def test_transposes_are_strided_copies(tmp_path):

@@ -88,11 +88,12 @@ def weight_lane_bytes(layer: Layer, oc: int) -> int:
     if layer.weight is None:
         return 0
     bias = 2 * lane_blocks(oc) if layer.bias is not None else 0
+    gains = lane_blocks(oc) * isa.EU_NUM if layer.gains is not None else 0
     if layer.kind == "conv":
         _, ic, kh, kw = layer.weight.shape
-        return align(lane_blocks(oc) * kh * kw * ic) + align(bias)
+        return align(lane_blocks(oc) * kh * kw * ic) + align(bias) + gains
     if layer.kind == "dwconv":
-        return align(lane_blocks(oc) * align(layer.kernel[0] * layer.kernel[1])) + align(bias)
+        return align(lane_blocks(oc) * align(layer.kernel[0] * layer.kernel[1])) + align(bias) + gains
     if layer.kind == "lut":
         return lut_table(0).lane_bytes  # the table, whole in every lane
     return lane_blocks(oc) * isa.EU_NUM  # prelu slopes, EU-aligned (1, c, 1, 1)

@@ -39,6 +39,9 @@ class Layer:
     offsets: tuple[int, int, int, int] = (0, 0, 0, 0)  # copy: first element read, per NCHW axis
     steps: tuple[int, int, int, int] = (1, 1, 1, 1)  # copy: read step per input axis; upsample: (1, 1, sh, sw)
     perm: tuple[int, int, int, int] = (0, 1, 2, 3)  # copy: the input axis each output axis walks (transpose)
+    # conv/dwconv with per-channel gains: u8 2^(7-k) per output channel; the conv BD writes 16 bits and a
+    # multiply by the gain, shifted 7, gives int8 (weights and bias scaled by 2^k, see lower_gains.py)
+    gains: np.ndarray | None = None
 
     @property
     def outputs(self) -> list[str]:
@@ -77,6 +80,7 @@ class LowerContext:
     net: LoweredNet
     producers: dict[str, Op]
     source: str = "--calib"
+    channel_gains: bool = False  # weight_scale=channel: per-channel power-of-two weight gains
 
     def t(self, name: str) -> float:
         if name not in self.net.thresholds:

@@ -25,6 +25,7 @@ from npuc.compiler.ir import Graph, Op
 from npuc.passes import fixedpoint as fp
 
 from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
+from .lower_gains import apply_gains
 from .lower_moves import lower_lut, lower_mul, lower_resize, lower_slice, lower_split, lower_transpose
 
 HOST_TAIL_KINDS = ("transpose", "softmax")
@@ -126,10 +127,17 @@ def _finish_act(ctx: LowerContext, op: Op, act: ops.Activation | None, pre: str)
 
 def _conv_layer(ctx: LowerContext, op: Op, src: str, weight: np.ndarray, bias, kernel, strides, pads, dil, act):
     out, relu = _split_act(ctx, op, act)
-    q = fp.bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(op.outputs[0]))
-    bias_q = q.bias if q.bias is not None else None
-    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, q.weight, bias_q, q.rshift, relu))
+    w, b, r, gains = _quantize_weights(ctx, weight, bias, src, op.outputs[0])
+    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, w, b, r, relu, gains=gains))
     _finish_act(ctx, op, act, out)
+
+
+def _quantize_weights(ctx: LowerContext, weight, bias, src: str, out: str):
+    """(int8 weight, int16 bias, rshift, per-channel gains or None): BMNet's per-layer rule, or with gains."""
+    if ctx.channel_gains:
+        return apply_gains(weight, bias, ctx.t(src), ctx.t(out))
+    q = fp.bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(out))
+    return q.weight, q.bias, q.rshift, None
 
 
 def _lower_conv(ctx: LowerContext, op: Op) -> None:
@@ -142,9 +150,9 @@ def _lower_conv(ctx: LowerContext, op: Op) -> None:
     cin = ctx.net.shapes[src][1]
     if a.group > 1 and a.group == cin == oc and icg == 1:
         out, relu = _split_act(ctx, op, a.act)
-        q = fp.bm1880_quantize_layer(w, b, ctx.t(src), ctx.t(op.outputs[0]))
+        wq, bq, r, gains = _quantize_weights(ctx, w, b, src, op.outputs[0])
         ctx.add(Layer(op.name, "dwconv", (src,), out, "", (kh, kw), a.strides, pads, a.dilations,
-                      q.weight.reshape(oc, kh, kw), q.bias, q.rshift, relu))  # fmt: skip
+                      wq.reshape(oc, kh, kw), bq, r, relu, gains=gains))  # fmt: skip
         _finish_act(ctx, op, a.act, out)
         return
     if a.group > 1:  # general grouped conv: a dense conv with a block-diagonal kernel
@@ -359,7 +367,11 @@ def _rename(graph: Graph, old: str, new: str) -> None:
 
 
 def lower(
-    graph: Graph, table: dict[str, float], table_names: dict[str, str] | None = None, source: str = "--calib"
+    graph: Graph,
+    table: dict[str, float],
+    table_names: dict[str, str] | None = None,
+    source: str = "--calib",
+    channel_gains: bool = False,
 ) -> LoweredNet:
     """The BM1880 int8 layers of a canonicalized float graph (modified: its host tail is dropped)."""
     dropped = strip_host_tail(graph)
@@ -387,7 +399,7 @@ def lower(
         th = threshold_for(name, table, table_names)
         if th is not None:
             net.thresholds[name] = th
-    ctx = LowerContext(graph, net, producers, source)
+    ctx = LowerContext(graph, net, producers, source, channel_gains)
     for op in graph.ops:
         with per_op(op):
             LOWERINGS[op.kind](ctx, op)

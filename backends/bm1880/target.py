@@ -14,7 +14,7 @@ register_target(
         name="bm1880",
         chips=("bm1880",),
         quants=("int8",),
-        options=("name", "opt", "weights", "input_shapes_list"),
+        options=("name", "opt", "weights", "input_shapes_list", "weight_scale"),
         uses_calib=True,
         number_formats=("int8 (per-layer power-of-two shift, BMNet rules)",),
         artifact=".bmodel (protobuf + BMKernel cmdbuf)",
