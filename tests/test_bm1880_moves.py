@@ -195,9 +195,10 @@ def test_inspect_lists_no_gap(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name, shape", [("pplcnet_orientation", [1, 3, 224, 224]), ("mbv3_textline_cls", [1, 3, 48, 192])]
+    "name, shape, weight_scale",
+    [("pplcnet_orientation", [1, 3, 224, 224], "channel"), ("mbv3_textline_cls", [1, 3, 48, 192], "layer")],
 )
-def test_real_classifiers_run_bit_exact(real_model, name, shape):
+def test_real_classifiers_run_bit_exact(real_model, name, shape, weight_scale):
     """PP-LCNet (hard-swish, SE, a constant scale) and MobileNetV3 text-cls (hard-swish, hard-sigmoid SE) build
     for bm1880 and their bmodels, simulated from the bytes on real pictures, give the exact reference's codes
     (max-abs thresholds of two pictures; accuracy with npuc calibrate's defaults: bench/bm1880_real.py)."""
@@ -208,10 +209,12 @@ def test_real_classifiers_run_bit_exact(real_model, name, shape):
     canonicalize(graph)
     feeds = model_inputs(name, 3)
     table = max_abs_thresholds(graph, feeds[:2])
-    model = read_bmodel(write_bmodel(compile_bmodel([graph], table, None, "layer-group", name)[0]))
-    kinds = {layer.kind for layer in lower_for_export(graph, table, None).net.layers}
-    assert {"lut", "mul"} <= kinds
-    probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table))
+    model = read_bmodel(write_bmodel(compile_bmodel([graph], table, None, "layer-group", name, weight_scale)[0]))
+    gains = weight_scale == "channel"
+    layers = lower_for_export(graph, table, None, gains).net.layers
+    assert {"lut", "mul"} <= {layer.kind for layer in layers}
+    assert any(layer.gains is not None for layer in layers) == gains
+    probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table, channel_gains=gains))
     codes, _ = bmodel_codes(model, feeds[2]["x"])
     classes = 4 if name == "pplcnet_orientation" else 2
     assert assert_codes_equal(run_named(session(probe), feeds[2]), names, codes) == classes
