@@ -336,12 +336,13 @@ def write_qdq_bm1880(
     table_names: dict[str, str] | None = None,
     name: str | None = None,
     prologues: Mapping[str, InputPrologue] | None = None,
+    channel_gains: bool = False,
 ) -> onnx.ModelProto:
     """The exact bm1880 form of the canonicalized float `graph` (passes/qdq_bm1880.py): the layers
     `backends.bm1880.quantize.lower(graph, thresholds, table_names)` makes — what `npuc build --target bm1880`
     compiles — in integer ONNX ops, then the float ops BMNet leaves to the host. The int8 codes of each bmodel
     output are in the model (value_info documented "bmodel output '<name>'")."""
-    lowering = lower_for_export(graph, thresholds, table_names)
+    lowering = lower_for_export(graph, thresholds, table_names, channel_gains)
     e = ExactBuilder(graph)
     prologues = prologues or {}
     values, inputs = {}, []

@@ -5,7 +5,8 @@ The layers come from the same lowering `npuc build --target bm1880` uses (backen
 the bmodel's descriptors run (backends/bm1880/kernels.py, specs/bm1880.md §3.2), on int64:
 
 - conv / FC / depthwise: `sat8(⌊(Σ x·W + B + 2^(r−1)) / 2^r⌋)` (ConvInteger, zero padding, 16-bit bias;
-  a fused ReLU before the shift, which equals clamping after it);
+  a fused ReLU before the shift, which equals clamping after it); with per-channel gains g the shifted sum is
+  saturated to 16 bits, then `sat8(shift(a16·g, 7))`;
 - max pool: MaxPool on the input padded with -128, then `sat8(⌊(y·m + 2^(r−1)) / 2^r⌋)` unless (m, r) is
   (1, 0); average pool: window sums (ConvInteger with a ones kernel, zero padding) times m, shifted;
 - ReLU / LeakyReLU / PReLU: `sat8(shift(max(x,0)·gt, gt_shift)) + sat8(shift(min(x,0)·le, le_shift))` with
@@ -52,13 +53,15 @@ class Bm1880Lowering:
     tail: tuple[Op, ...]
 
 
-def lower_for_export(graph: Graph, table: Mapping[str, float], table_names: dict[str, str] | None) -> Bm1880Lowering:
+def lower_for_export(
+    graph: Graph, table: Mapping[str, float], table_names: dict[str, str] | None, channel_gains: bool = False
+) -> Bm1880Lowering:
     """`backends.bm1880.quantize.lower` on a copy of `graph`; the host tail it drops is kept, in graph order."""
     work = copy.deepcopy(graph)
     strip_host_tail(work)
     kept = {op.name for op in work.ops}
     tail = tuple(op for op in graph.ops if op.name not in kept)
-    return Bm1880Lowering(lower(work, dict(table), table_names), tail)
+    return Bm1880Lowering(lower(work, dict(table), table_names, channel_gains=channel_gains), tail)
 
 
 def _onnx_pads(pads: tuple[int, int, int, int]) -> list[int]:
@@ -123,7 +126,14 @@ def _conv(w: _Writer, layer: Layer, xs: list[str]) -> None:
     acc = e.to_i64(e.b.node("ConvInteger", [xs[0], kernel], group=c if depthwise else 1, **attrs))
     if layer.bias is not None:
         acc = e.b.node("Add", [acc, e.c(f"{layer.name}_bias", np.asarray(layer.bias, np.int64).reshape(1, -1, 1, 1))])
-    e.finish(w.scaled(acc, 1, layer.rshift), w.out(layer), relu=layer.relu)
+    if layer.gains is None:
+        e.finish(w.scaled(acc, 1, layer.rshift), w.out(layer), relu=layer.relu)
+        return
+    if layer.relu:  # before the shift, as the BD does
+        acc = e.b.node("Max", [acc, e.c("zero", np.int64(0))])
+    wide = w.sat(w.scaled(acc, 1, layer.rshift), *INT16)  # the conv BD's 16-bit result
+    gains = e.c(f"{layer.name}_gains", np.asarray(layer.gains, np.int64).reshape(1, -1, 1, 1))
+    e.finish(w.scaled(e.b.node("Mul", [wide, gains]), 1, 7), w.out(layer))
 
 
 def _pool(w: _Writer, layer: Layer, xs: list[str]) -> None:
@@ -179,8 +189,61 @@ def _concat(w: _Writer, layer: Layer, xs: list[str]) -> None:
     w.e.b.node("Concat", parts, w.out(layer), axis=int(layer.mode))
 
 
+def _copy(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """Slice/split/transpose: the strided region of the input's 4-D view, then the permutation; bytes unchanged."""
+    e = w.e
+    out_shape = w.net.shapes[layer.output]
+    shape = [out_shape[layer.perm.index(a)] for a in range(4)]  # the region in input axes
+    starts = np.array(layer.offsets, np.int64)
+    ends = starts + (np.array(shape, np.int64) - 1) * np.array(layer.steps, np.int64) + 1
+    args = [e.c("starts", starts), e.c("ends", ends), e.c("axes", np.arange(4, dtype=np.int64)),
+            e.c("steps", np.array(layer.steps, np.int64))]  # fmt: skip
+    if layer.perm == (0, 1, 2, 3):
+        e.b.node("Slice", [xs[0], *args], w.out(layer))
+        return
+    e.b.node("Transpose", [e.b.node("Slice", [xs[0], *args])], w.out(layer), perm=list(layer.perm))
+
+
+def _upsample(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """Nearest upsample: each code repeated sh x sw (a reshape to (n, c, h, 1, w, 1), expand, reshape)."""
+    e = w.e
+    n, c, h, wd = w.net.shapes[layer.inputs[0]]
+    _, _, sh, sw = layer.steps
+    six = e.b.node("Reshape", [xs[0], e.c("shape", np.array([n, c, h, 1, wd, 1], np.int64))])
+    wide = e.b.node("Expand", [six, e.c("shape", np.array([n, c, h, sh, wd, sw], np.int64))])
+    e.b.node("Reshape", [wide, e.c("shape", np.array(w.net.shapes[layer.output], np.int64))], w.out(layer))
+
+
+def _lut(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """The table indexed by the input code's byte, (q + 256) mod 256."""
+    e = w.e
+    byte = e.c("byte", np.int64(256))
+    index = e.b.node("Mod", [e.b.node("Add", [e.to_i64(xs[0]), byte]), byte])
+    table = e.c(f"{layer.name}_table", np.asarray(layer.weight, np.int8))
+    e.b.node("Gather", [table, index], w.out(layer), axis=0)
+
+
+def _mul(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """`sat8(shift(sat16(x·s)·m, r))`, s broadcast per channel."""
+    e = w.e
+    (m,) = layer.multipliers
+    product = w.sat(e.b.node("Mul", [e.to_i64(xs[0]), e.to_i64(xs[1])]), *INT16)
+    e.finish(w.scaled(product, m, layer.rshift), w.out(layer))
+
+
 LAYER_EMITTERS: Mapping[str, LayerEmitter] = MappingProxyType(
-    {"conv": _conv, "dwconv": _conv, "pool": _pool, "act": _activation, "eltwise": _eltwise, "concat": _concat}
+    {
+        "conv": _conv,
+        "dwconv": _conv,
+        "pool": _pool,
+        "act": _activation,
+        "eltwise": _eltwise,
+        "concat": _concat,
+        "copy": _copy,
+        "upsample": _upsample,
+        "lut": _lut,
+        "mul": _mul,
+    }
 )
 
 

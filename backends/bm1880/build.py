@@ -8,7 +8,8 @@ Options read from `request.options`:
   LAYER_GROUP_WITH_WEIGHT_OPT, specs/bm1880.md §4.1);
 - `input_shapes_list`: list of {input name: shape} (repeated --input-shape), one command each;
 - `weights`: the .caffemodel of a Caffe MODEL (a .prototxt), needed to re-import it per shape;
-- `name`: the bmodel's net name (default: the graph's).
+- `name`: the bmodel's net name (default: the graph's);
+- `weight_scale`: "layer" (BMNet's rule, default) or "channel" (per-channel power-of-two gains, lower_gains.py).
 `request.calib_table`: a tpu-mlir cali_table or a BMNet calibration table (.pb2 binary or text prototxt).
 """
 
@@ -35,6 +36,8 @@ from .quantize import LoweredNet, load_thresholds, lower
 from .sim import input_name
 
 DEFAULT_OPT = "layer-group"
+# "layer": BMNet's one shift per layer (the vendor's weights); "channel": per-channel power-of-two gains
+WEIGHT_SCALES = ("layer", "channel")
 
 
 @dataclass(frozen=True)
@@ -69,16 +72,23 @@ def compile_command(net: LoweredNet, blob: WeightBlob, opt: str) -> tuple[Comman
 
 
 def compile_bmodel(
-    graphs: list[Graph], table: dict[str, float], table_names: dict[str, str] | None, opt: str, name: str
+    graphs: list[Graph],
+    table: dict[str, float],
+    table_names: dict[str, str] | None,
+    opt: str,
+    name: str,
+    weight_scale: str = "layer",
 ) -> tuple[BModel, list[CommandStats], list[str]]:
     """The bmodel of one float graph per input shape (graphs are not modified)."""
     if opt not in OPT_LEVELS:
         raise UserError(f"--opt {opt!r} is not one of {', '.join(OPT_LEVELS)}")
+    if weight_scale not in WEIGHT_SCALES:
+        raise UserError(f"--option weight_scale={weight_scale!r} is not one of {', '.join(WEIGHT_SCALES)}")
     blob = WeightBlob()
     commands, stats, notes = [], [], []
     seen: set[tuple[int, ...]] = set()
     for graph in graphs:
-        net = lower(copy.deepcopy(graph), table, table_names)
+        net = lower(copy.deepcopy(graph), table, table_names, channel_gains=weight_scale == "channel")
         command, st = compile_command(net, blob, opt)
         if st.shape in seen:
             raise UserError(f"input shape {'x'.join(map(str, st.shape))} is given twice; give each shape once")
@@ -150,7 +160,8 @@ def build(request: BuildRequest) -> BuildResult:
     table = load_thresholds(request.calib_table)
     graphs = graphs_per_shape(request)
     name = str(request.options.get("name") or request.graph.name)
-    model, stats, notes = compile_bmodel(graphs, table, source_table_names(request), opt, name)
+    weight_scale = str(request.options.get("weight_scale", "layer"))
+    model, stats, notes = compile_bmodel(graphs, table, source_table_names(request), opt, name, weight_scale)
     data = write_bmodel(model)
     output = Path(request.output)
     atomic_write_bytes(output, data)

@@ -16,9 +16,10 @@ from npuc.compiler.errors import UnsupportedError
 from npuc.passes.layer_group import Tile
 
 from . import isa
-from .emit import Emitter, LTensor, align, tile_bytes
+from .emit import Emitter, LTensor, align, lane_blocks, tile_bytes
 from .groups import Unit, edge_pads
-from .kernels import KERNELS, LayerBuffers, Window, arith
+from .kernels import KERNELS, LUT_ENTRIES, LayerBuffers, Window, arith, lut_table
+from .moves import MOVE_EMITTERS
 from .quantize import Layer, LoweredNet
 
 FOREVER = 1 << 30
@@ -32,6 +33,7 @@ FOREVER = 1 << 30
 class WeightRef:
     weight: int = -1
     bias: int = -1
+    gains: int = -1
 
 
 def _planes(bias: np.ndarray) -> bytes:
@@ -60,10 +62,10 @@ class WeightBlob:
         if layer.kind == "conv":  # [oc][kh][kw][ic]
             w = w.transpose(0, 2, 3, 1)
         payload = np.ascontiguousarray(w).astype(np.int8).tobytes()
-        if layer.bias is None:
-            return WeightRef(self._put(payload))
-        both = self._put(payload + _planes(layer.bias))
-        return WeightRef(both, both + len(payload))
+        bias = b"" if layer.bias is None else _planes(layer.bias)
+        gains = b"" if layer.gains is None else layer.gains.astype(np.uint8).tobytes()
+        at = self._put(payload + bias + gains)
+        return WeightRef(at, at + len(payload) if bias else -1, at + len(payload) + len(bias) if gains else -1)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -121,13 +123,16 @@ class Program:
         offset = self.offsets[owner] + n0 * gs[0] + c0 * gs[1] + h0 * gs[2] + w0
         self.em.gdma(load, isa.FLAG_NEURON, offset, gs, t)
 
-    def load_weights(self, layer: Layer, addr: int, oc_range: tuple[int, int]) -> tuple[int, int]:
-        """GDMA the layer's weights (channels oc_range) to `addr`; returns (weight, bias) local addresses."""
+    def load_weights(self, layer: Layer, addr: int, oc_range: tuple[int, int]) -> tuple[int, int, int]:
+        """GDMA the layer's weights (channels oc_range) to `addr`; returns (weight, bias, gains) local addresses."""
         ref = self.blob.add(layer)
         if ref.weight < 0:
-            return 0, 0
+            return 0, 0, 0
         c0, c1 = oc_range
         oc = c1 - c0
+        if layer.kind == "lut":  # c-stride 0: the same 256 bytes into every lane
+            self.em.load_weight(ref.weight, (LUT_ENTRIES, 0, LUT_ENTRIES), lut_table(addr))
+            return addr, 0, 0
         if layer.kind == "conv":
             full, ic, kh, kw = layer.weight.shape
             per = kh * kw * ic
@@ -144,17 +149,23 @@ class Program:
         bias_addr = align(addr + t.lane_bytes)
         if ref.bias >= 0:
             self.em.load_weight(ref.bias + c0, (full, 1, 1), LTensor(bias_addr, (2, oc, 1, 1), aligned=False))
-        return addr, bias_addr
+        gains_addr = align(bias_addr + 2 * lane_blocks(oc)) if ref.bias >= 0 else bias_addr
+        if ref.gains >= 0:
+            self.em.load_weight(ref.gains + c0, (full, 1, 1), LTensor(gains_addr, (1, oc, 1, 1)))
+        return addr, bias_addr, gains_addr
 
     def run_unit(self, unit: Unit) -> None:
         net, layers = self.net, unit.layers
         if layers[0].kind == "concat":
             self._concat(layers[0])
             return
+        if layers[0].kind in MOVE_EMITTERS:
+            MOVE_EMITTERS[layers[0].kind](self, layers[0])
+            return
         oc_full = net.shapes[layers[-1].output][1]
         chunk = unit.oc_range or (0, oc_full)
 
-        def load_layer_weights(k: int) -> tuple[int, int]:
+        def load_layer_weights(k: int) -> tuple[int, int, int]:
             rng = chunk if k == len(layers) - 1 else (0, net.shapes[layers[k].output][1])
             return self.load_weights(layers[k], unit.weights[k], rng)
 
@@ -181,13 +192,13 @@ class Program:
             for i in range(len(layer.inputs)):
                 t, first = held[id(unit.slot_of[(k, i)])]
                 ins.append(t.rows(first, tile.reads[(layer.name, i)].rows))
-            w_addr, b_addr = resident[k] if resident is not None else load_layer_weights(k)
+            w_addr, b_addr, g_addr = resident[k] if resident is not None else load_layer_weights(k)
             o0, o1 = tile.rows[layer.output]
             oc = unit.channels(net, k)
             y = LTensor(unit.out_slot[k].addr, (nn, oc, o1 - o0, net.shapes[layer.output][3]))
             held[id(unit.out_slot[k])] = (y, o0)
             x2 = ins[1] if len(ins) > 1 else None
-            buffers = LayerBuffers(ins[0], y, w_addr, b_addr, unit.scratch[k], x2)
+            buffers = LayerBuffers(ins[0], y, w_addr, b_addr, unit.scratch[k], x2, g_addr)
             KERNELS[layer.kind](self.em, layer, buffers, Window(edge_pads(net, layer, (o0, o1))), oc)
         out, _ = held[id(unit.out_slot[len(layers) - 1])]
         self.neuron(False, layers[-1].output, out, n0, chunk[0], tile.rows[group.output][0])

@@ -105,5 +105,21 @@ class Emitter:
         self.instructions.append(make_instruction(isa.ENGINE_GDMA, fields, area))
         self.ddr_bytes += n * c * h * w
 
+    def copy(self, shape: Shape4, src: tuple[int, tuple[int, int, int]], dst: tuple[int, tuple[int, int, int]]) -> None:
+        """S2S: `shape` bytes from one neuron-area place to another, each given as (offset, n/c/h strides); w is
+        contiguous on both sides. No CHW-share bit, as in the vendor's S2S copies (specs/bm1880.md §2.6)."""
+        self.gdma_id += 1
+        n, c, h, w = shape
+        (soff, sstr), (doff, dstr) = src, dst
+        fields = GDMA_COMMON | dict(
+            direction=2, chw_share=0, cmd_id=self.gdma_id & ID_MASK, wait_bd_id=self.bd_id & ID_MASK,
+            src_addr=isa.gmem_address(soff), dst_addr=isa.gmem_address(doff),
+            src_n=n, src_c=c, src_h=h, src_w=w, dst_c=c, dst_h=h, dst_w=w,
+            src_n_stride=sstr[0], src_c_stride=sstr[1], src_h_stride=sstr[2],
+            dst_n_stride=dstr[0], dst_c_stride=dstr[1], dst_h_stride=dstr[2],
+        )  # fmt: skip
+        self.instructions.append(make_instruction(isa.ENGINE_GDMA, fields, isa.FLAG_NEURON))
+        self.ddr_bytes += 2 * n * c * h * w
+
     def load_weight(self, offset: int, gstrides: tuple[int, int, int], t: LTensor) -> None:
         self.gdma(True, isa.FLAG_WEIGHT, offset, gstrides, t)

@@ -31,12 +31,13 @@ from npuc.passes.layer_group import SAME_ROWS, LayerGroup, Rows, RowWindow, Tile
 
 from . import isa
 from .emit import align, lane_blocks, tile_bytes
-from .kernels import work_bytes
+from .kernels import lut_table, work_bytes
 from .quantize import Layer, LoweredNet
 
 OPT_LEVELS = ("none", "layer-group", "layer-group-weight")
-JOIN_KINDS = frozenset({"conv", "dwconv", "pool", "act", "eltwise"})
+JOIN_KINDS = frozenset({"conv", "dwconv", "pool", "act", "eltwise", "lut"})
 WINDOW_KINDS = frozenset({"conv", "dwconv", "pool"})  # BDs that read shape-derived strides
+LONE_KINDS = frozenset({"concat", "copy", "upsample", "mul"})
 RESIDENT_SHARE = 2  # a layer's weights may take at most 1/RESIDENT_SHARE of a lane to join a group
 
 
@@ -87,11 +88,14 @@ def weight_lane_bytes(layer: Layer, oc: int) -> int:
     if layer.weight is None:
         return 0
     bias = 2 * lane_blocks(oc) if layer.bias is not None else 0
+    gains = lane_blocks(oc) * isa.EU_NUM if layer.gains is not None else 0
     if layer.kind == "conv":
         _, ic, kh, kw = layer.weight.shape
-        return align(lane_blocks(oc) * kh * kw * ic) + align(bias)
+        return align(lane_blocks(oc) * kh * kw * ic) + align(bias) + gains
     if layer.kind == "dwconv":
-        return align(lane_blocks(oc) * align(layer.kernel[0] * layer.kernel[1])) + align(bias)
+        return align(lane_blocks(oc) * align(layer.kernel[0] * layer.kernel[1])) + align(bias) + gains
+    if layer.kind == "lut":
+        return lut_table(0).lane_bytes  # the table, whole in every lane
     return lane_blocks(oc) * isa.EU_NUM  # prelu slopes, EU-aligned (1, c, 1, 1)
 
 
@@ -290,7 +294,7 @@ def _lone(net: LoweredNet, layer: Layer) -> list[Unit]:
     """A one-layer unit (its weights loaded once), split by output channels when a conv's weights do not fit."""
     view = NetView(net)
     group = make_group(view, [layer], layer_window)
-    if layer.kind == "concat":
+    if layer.kind in LONE_KINDS:  # emitted whole by codegen (concat) or moves.py, tiled there
         return [Unit(group)]
     unit = Unit(group)
     if fit_unit(net, unit):

@@ -2,7 +2,8 @@
 
 Forms are the ones the vendor's compiler emits (golden P-Net): conv = one conv BD with 16-bit bias in two
 byte planes; max pool = depthwise/pool BD (eu 0, pad value -128) then an unsigned-constant MUL to requantize;
-PReLU = MAX 0, MUL gt_scale, MIN 0, 1x1 depthwise by the int8 slopes, OR of the two halves. npuc's own
+PReLU = MAX 0, MUL gt_scale, MIN 0, 1x1 depthwise by the int8 slopes, OR of the two halves; lookup =
+tensor-arith BD with tens_lookup over the table `bmk1880_tpu_lut` reads (specs/bm1880.md §2.7). npuc's own
 forms where the vendor files show none: average pool (eu 1, window sum x constant), LeakyReLU (MUL by a signed
 constant instead of the depthwise slopes), eltwise add/max (per-input MUL into 16-bit, then ADD/MAX with the
 common shift into int8).
@@ -13,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import isa
 from .emit import Emitter, LTensor, operand
-from .quantize import Layer
+from .layers import Layer
 
 SIGNED_INT8 = dict(
     opt_res0_sign=1, opt_opd0_sign=1, opt_opd1_sign=1, opt_opd2_sign=1,
@@ -41,6 +43,7 @@ class LayerBuffers:
     bias: int = 0
     work: int = 0
     x2: LTensor | None = None  # second eltwise input
+    gains: int = 0  # per-channel u8 gains (1, c, 1, 1) of a conv/dwconv with gains
 
 
 def _window_fields(layer: Layer, win: Window) -> dict[str, int]:
@@ -68,24 +71,41 @@ def arith(em: Emitter, op: str, res: LTensor, a: LTensor, b: LTensor | int, rshi
     em.bd(fields)
 
 
+def _wide(buf: LayerBuffers) -> LTensor:
+    """The 16-bit result of a layer with per-channel gains: two byte planes in its scratch."""
+    return LTensor(buf.work, buf.y.shape)
+
+
+def apply_gains(em: Emitter, layer: Layer, buf: LayerBuffers) -> None:
+    """int8 y = (16-bit result x u8 gain of its channel + 64) >> 7; the gains read with h/w strides 0."""
+    wide = _wide(buf)
+    g = LTensor(buf.gains, (1, wide.shape[1], 1, 1))
+    gains = LTensor(g.addr, wide.shape, fixed=(0, g.strides[1], 0, 0))
+    arith(em, "mul", buf.y, wide, gains, 7, opt_opd0_int8=0, opt_opd1_sign=0)
+
+
 def conv(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -> None:
     """Conv BD: opd0 ifmap, opd1 weights [oc][kh·kw][ic] packed, opd2 16-bit bias planes."""
     ic = buf.x.shape[1]
     kh, kw = layer.kernel
     fields = dict(tsk_typ=0, tsk_opd_num=3 if layer.bias is not None else 2, opt_right_shift=layer.rshift,
                   opt_relu=int(layer.relu), short_opd1_str=1, short_opd2_str=2, **SIGNED_INT8)  # fmt: skip
-    fields |= operand("res0", buf.y) | operand("opd0", buf.x) | _window_fields(layer, win)
+    res = buf.y if layer.gains is None else _wide(buf)
+    fields |= operand("res0", res) | operand("opd0", buf.x) | _window_fields(layer, win)
+    fields |= dict(opt_res0_int8=int(layer.gains is None))
     fields |= dict(opd1_addr=buf.weight, opd1_n=ic, opd1_c=oc, opd1_h=kh, opd1_w=kw)
     if layer.bias is not None:
         fields |= dict(opd2_addr=buf.bias, opd2_n=1, opd2_c=oc, opd2_h=1, opd2_w=1)
     em.bd(fields)
+    if layer.gains is not None:
+        apply_gains(em, layer, buf)
 
 
 def _dwpool(em: Emitter, eu: str, layer: Layer, buf: LayerBuffers, win: Window, **extra: int) -> None:
     c = buf.x.shape[1]
     kh, kw = layer.kernel
     fields = dict(tsk_typ=1, tsk_eu_typ=POOL_EU[eu], opd1_n=1, opd1_c=c, opd1_h=kh, opd1_w=kw, **SIGNED_INT8)
-    fields |= operand("res0", buf.y) | operand("opd0", buf.x) | _window_fields(layer, win) | extra
+    fields |= operand("res0", extra.pop("res", buf.y)) | operand("opd0", buf.x) | _window_fields(layer, win) | extra
     em.bd(fields)
 
 
@@ -95,7 +115,11 @@ def dwconv(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -
     if layer.bias is not None:
         c = buf.x.shape[1]
         extra |= dict(tsk_opd_num=3, short_opd2_str=2, opd2_addr=buf.bias, opd2_n=1, opd2_c=c, opd2_h=1, opd2_w=1)
+    if layer.gains is not None:
+        extra |= dict(res=_wide(buf), opt_res0_int8=0)
     _dwpool(em, "depthwise", layer, buf, win, **extra)
+    if layer.gains is not None:
+        apply_gains(em, layer, buf)
 
 
 def pool(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -> None:
@@ -143,12 +167,32 @@ def eltwise(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) 
     arith(em, layer.mode, buf.y, t1, t2, layer.rshift, opt_relu=int(layer.relu), opt_opd0_int8=0, opt_opd1_int8=0)
 
 
+LUT_ENTRIES = 256
+
+
+def lut_table(addr: int) -> LTensor:
+    """The lookup table in local memory: (1, 32, 1, 256), the same 256 bytes in every lane."""
+    return LTensor(addr, (1, isa.NPU_NUM, 1, LUT_ENTRIES))
+
+
+def lookup(em: Emitter, y: LTensor, x: LTensor, table: LTensor) -> None:
+    """Tensor-arith BD with tens_lookup: y = table[lane][x's byte] (opd1 the (1, 32, 1, 256) table)."""
+    fields = dict(tsk_typ=3, tens_lookup=1, tsk_opd_num=2, **SIGNED_INT8)
+    fields |= operand("res0", y, True) | operand("opd0", x, True) | operand("opd1", table) | dict(short_opd1_str=0)
+    em.bd(fields)
+
+
+def lut(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -> None:
+    lookup(em, buf.y, buf.x, lut_table(buf.weight))
+
+
 KERNELS: dict[str, Callable[[Emitter, Layer, LayerBuffers, Window, int], None]] = {
     "conv": conv,
     "dwconv": dwconv,
     "pool": pool,
     "act": activation,
     "eltwise": eltwise,
+    "lut": lut,
 }
 
 
@@ -156,6 +200,8 @@ def work_bytes(layer: Layer, tile: int) -> int:
     """Scratch bytes per lane a layer needs beyond its input and output tiles (tile = int8 tile bytes)."""
     if layer.kind == "eltwise":
         return 4 * tile  # two 16-bit products
+    if layer.gains is not None:
+        return 2 * tile  # the 16-bit result before the gains
     if layer.kind == "act" and layer.mode != "relu":
         return tile  # the positive half
     return 0

@@ -6,13 +6,14 @@ conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`fixedpoint.
 pooling and concat: an 8-bit requant multiplier and shift; eltwise: one multiplier per input and a common
 shift; ReLU/LeakyReLU/PReLU: gt/le scales and shifts. Reshape/flatten become aliases of their input's bytes.
 Trailing layout transposes and softmax (what BMNet leaves to the host) are dropped from the outputs.
+Slice/split, nearest upsample, lookup activations and products are lowered in lower_moves.py; the
+records themselves live in layers.py.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,10 @@ from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.passes import fixedpoint as fp
 
-Shape4 = tuple[int, int, int, int]
+from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
+from .lower_gains import apply_gains
+from .lower_moves import lower_lut, lower_mul, lower_resize, lower_slice, lower_split, lower_transpose
+
 HOST_TAIL_KINDS = ("transpose", "softmax")
 HOST_TAIL_ACTIVATIONS = ("elu",)  # BMNet runs these as CPU ("customized") layers after the NPU
 
@@ -36,57 +40,6 @@ def runs_on_host(op: Op) -> bool:
 
 
 MAX_PAD = 15  # 4-bit pad and stride fields of the BD (specs/bm1880.md §2.5)
-
-
-@dataclass
-class Layer:
-    """One BM1880 kernel invocation over int8 tensors (4-D views) with its integer parameters."""
-
-    name: str
-    kind: str  # conv | dwconv | pool | act | eltwise | concat
-    inputs: tuple[str, ...]
-    output: str
-    mode: str = ""  # pool: max/avg; act: relu/leaky/prelu; eltwise: add/max
-    kernel: tuple[int, int] = (1, 1)
-    strides: tuple[int, int] = (1, 1)
-    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
-    dilations: tuple[int, int] = (1, 1)
-    weight: np.ndarray | None = None  # int8: conv (oc, ic, kh, kw), dwconv (c, kh, kw), prelu slopes (c,)
-    bias: np.ndarray | None = None  # int16 (oc,)
-    rshift: int = 0
-    relu: bool = False
-    multipliers: tuple[int, ...] = ()  # pool/concat/eltwise: per input; act: (gt_scale, le_scale)
-    shifts: tuple[int, ...] = ()  # concat: per input; act: (gt_shift, le_shift)
-
-    @property
-    def outputs(self) -> list[str]:
-        """The op-record interface passes/layer_group.py reads."""
-        return [self.output]
-
-
-@dataclass
-class LoweredNet:
-    """The int8 network: tensors (4-D view, threshold, gmem storage owner) and layers in program order."""
-
-    name: str
-    inputs: list[str]
-    outputs: list[str]
-    shapes: dict[str, Shape4]
-    thresholds: dict[str, float]
-    storage: dict[str, str]  # tensor -> the tensor whose gmem bytes it is (itself, or a reshape's source)
-    ir_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the graph's own shapes
-    layers: list[Layer] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def as_4d(shape: tuple[int, ...], where: str) -> Shape4:
-    """The NCHW view of an activation: (N,K) -> (N,K,1,1), (N,C,L) -> (N,C,1,L), (K,) -> (1,K,1,1)."""
-    views = {1: lambda s: (1, s[0], 1, 1), 2: lambda s: (s[0], s[1], 1, 1), 3: lambda s: (s[0], s[1], 1, s[2])}
-    if len(shape) == 4:
-        return tuple(int(d) for d in shape)
-    if len(shape) in views:
-        return tuple(int(d) for d in views[len(shape)](shape))
-    raise UnsupportedError(f"{where}: tensor of rank {len(shape)} has no BM1880 NCHW layout; reshape it to 4-D")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -149,50 +102,17 @@ def strip_host_tail(graph: Graph) -> list[str]:
     return dropped
 
 
-@dataclass
-class LowerContext:
-    graph: Graph
-    net: LoweredNet
-    producers: dict[str, Op]
-    source: str = "--calib"
-
-    def t(self, name: str) -> float:
-        if name not in self.net.thresholds:
-            raise UserError(
-                f"{self.source}: no threshold for tensor '{name}'; calibrate the model again with this graph"
-            )
-        return self.net.thresholds[name]
-
-    def const(self, op: Op, index: int) -> np.ndarray | None:
-        if index >= len(op.inputs) or not op.inputs[index]:
-            return None
-        data = self.graph.const(op.inputs[index])
-        if data is None:
-            raise UnsupportedError(
-                f"op '{op.name}' ({op.kind}): input {index} '{op.inputs[index]}' must be a constant for BM1880"
-            )
-        return np.asarray(data, np.float32)
-
-    def add(self, layer: Layer) -> None:
-        self.net.layers.append(layer)
-
-
-def _unsupported(op: Op, what: str) -> UnsupportedError:
-    return UnsupportedError(f"op '{op.name}' ({op.kind}) {what} is not supported by the bm1880 target")
-
-
 def _check_window(op: Op, kernel, strides, pads) -> None:
     if max(*strides, *pads) > MAX_PAD:
-        raise _unsupported(op, f"with stride {strides} / pads {pads} above {MAX_PAD}")
+        raise unsupported(op, f"with stride {strides} / pads {pads} above {MAX_PAD}")
 
 
 def _split_act(ctx: LowerContext, op: Op, act: ops.Activation | None) -> tuple[str, bool]:
-    """(tensor the main layer writes, fused relu): leaky ReLU becomes a following act layer."""
+    """(tensor the main layer writes, fused relu): leaky ReLU becomes a following act layer, any other
+    activation a following lookup. The pre-activation tensor takes the output's threshold (exact for clip)."""
     out = op.outputs[0]
     if act is None or act.kind == "relu":
         return out, act is not None
-    if act.kind != "leaky_relu":
-        raise _unsupported(op, f"with fused activation {act.kind}")
     pre = f"{out}#pre"
     ctx.net.shapes[pre], ctx.net.thresholds[pre], ctx.net.storage[pre] = ctx.net.shapes[out], ctx.t(out), pre
     return pre, False
@@ -201,14 +121,23 @@ def _split_act(ctx: LowerContext, op: Op, act: ops.Activation | None) -> tuple[s
 def _finish_act(ctx: LowerContext, op: Op, act: ops.Activation | None, pre: str) -> None:
     if act is not None and act.kind == "leaky_relu":
         _add_relu_like(ctx, f"{op.name}#leaky", "leaky", pre, op.outputs[0], slope=float(act.alpha))
+    elif act is not None and act.kind != "relu":
+        lower_lut(ctx, Op(f"{op.name}#{act.kind}", "activation", [pre], [op.outputs[0]], ops.ActivationOp(act)))
 
 
 def _conv_layer(ctx: LowerContext, op: Op, src: str, weight: np.ndarray, bias, kernel, strides, pads, dil, act):
     out, relu = _split_act(ctx, op, act)
-    q = fp.bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(op.outputs[0]))
-    bias_q = q.bias if q.bias is not None else None
-    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, q.weight, bias_q, q.rshift, relu))
+    w, b, r, gains = _quantize_weights(ctx, weight, bias, src, op.outputs[0])
+    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, w, b, r, relu, gains=gains))
     _finish_act(ctx, op, act, out)
+
+
+def _quantize_weights(ctx: LowerContext, weight, bias, src: str, out: str):
+    """(int8 weight, int16 bias, rshift, per-channel gains or None): BMNet's per-layer rule, or with gains."""
+    if ctx.channel_gains:
+        return apply_gains(weight, bias, ctx.t(src), ctx.t(out))
+    q = fp.bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(out))
+    return q.weight, q.bias, q.rshift, None
 
 
 def _lower_conv(ctx: LowerContext, op: Op) -> None:
@@ -221,9 +150,9 @@ def _lower_conv(ctx: LowerContext, op: Op) -> None:
     cin = ctx.net.shapes[src][1]
     if a.group > 1 and a.group == cin == oc and icg == 1:
         out, relu = _split_act(ctx, op, a.act)
-        q = fp.bm1880_quantize_layer(w, b, ctx.t(src), ctx.t(op.outputs[0]))
+        wq, bq, r, gains = _quantize_weights(ctx, w, b, src, op.outputs[0])
         ctx.add(Layer(op.name, "dwconv", (src,), out, "", (kh, kw), a.strides, pads, a.dilations,
-                      q.weight.reshape(oc, kh, kw), q.bias, q.rshift, relu))  # fmt: skip
+                      wq.reshape(oc, kh, kw), bq, r, relu, gains=gains))  # fmt: skip
         _finish_act(ctx, op, a.act, out)
         return
     if a.group > 1:  # general grouped conv: a dense conv with a block-diagonal kernel
@@ -249,7 +178,7 @@ def _fc_input(ctx: LowerContext, name: str, k: int) -> tuple[str, tuple[int, int
 def _lower_fc(ctx: LowerContext, op: Op, weight_kn: np.ndarray, bias: np.ndarray | None, act) -> None:
     src = op.inputs[0]
     if len(ctx.graph.shape(src)) != 2:
-        raise _unsupported(op, f"on a rank-{len(ctx.graph.shape(src))} input")
+        raise unsupported(op, f"on a rank-{len(ctx.graph.shape(src))} input")
     k, n_out = weight_kn.shape
     src, (kh, kw) = _fc_input(ctx, src, k)
     c = ctx.net.shapes[src][1]
@@ -262,7 +191,7 @@ def _lower_fc(ctx: LowerContext, op: Op, weight_kn: np.ndarray, bias: np.ndarray
 def _lower_gemm(ctx: LowerContext, op: Op) -> None:
     a: ops.Gemm = op.attrs
     if a.trans_a:
-        raise _unsupported(op, "with transA")
+        raise unsupported(op, "with transA")
     w = ctx.const(op, 1)
     w = (w.T if a.trans_b else w) * np.float32(a.alpha)
     b = ctx.const(op, 2)
@@ -276,7 +205,7 @@ def _lower_matmul(ctx: LowerContext, op: Op) -> None:
 def _lower_pool(ctx: LowerContext, op: Op) -> None:
     a: ops.Pool2d = op.attrs
     if a.act is not None:
-        raise _unsupported(op, f"with fused activation {a.act.kind}")
+        raise unsupported(op, f"with fused activation {a.act.kind}")
     src, out = op.inputs[0], op.outputs[0]
     _, _, h, w = ctx.net.shapes[src]
     _, _, oh, ow = ctx.net.shapes[out]
@@ -299,12 +228,12 @@ def _add_pool(ctx: LowerContext, op: Op, mode: str, kernel, strides, pads, dil, 
     tx, ty = ctx.t(src), ctx.t(out)
     if mode == "avg":
         if any(pads) and not include_pad:
-            raise _unsupported(op, "average pooling that excludes padding from the divisor")
+            raise unsupported(op, "average pooling that excludes padding from the divisor")
         m, r = fp.bm1880_requant_multiplier(tx, ty * kernel[0] * kernel[1])
     elif mode == "max":
         m, r = (1, 0) if tx == ty else fp.bm1880_requant_multiplier(tx, ty)
     else:
-        raise _unsupported(op, f"with mode {mode}")
+        raise unsupported(op, f"with mode {mode}")
     ctx.add(Layer(op.name, "pool", (src,), out, mode, kernel, strides, pads, dil, rshift=r, multipliers=(m,)))
 
 
@@ -327,7 +256,8 @@ def _add_relu_like(ctx: LowerContext, name: str, mode: str, src: str, out: str, 
 def _lower_activation(ctx: LowerContext, op: Op) -> None:
     act = op.attrs.act
     if act.kind not in ("relu", "leaky_relu"):
-        raise _unsupported(op, f"activation {act.kind}")
+        lower_lut(ctx, op)
+        return
     mode = "relu" if act.kind == "relu" else "leaky"
     _add_relu_like(ctx, op.name, mode, op.inputs[0], op.outputs[0], slope=float(act.alpha))
 
@@ -336,21 +266,24 @@ def _lower_prelu(ctx: LowerContext, op: Op) -> None:
     c = ctx.net.shapes[op.inputs[0]][1]
     slope = ctx.const(op, 1)
     if slope.size not in (1, c):
-        raise _unsupported(op, f"with slope shape {list(slope.shape)} (need one per channel)")
+        raise unsupported(op, f"with slope shape {list(slope.shape)} (need one per channel)")
     _add_relu_like(ctx, op.name, "prelu", op.inputs[0], op.outputs[0], np.broadcast_to(slope.reshape(-1), (c,)))
 
 
 def _lower_eltwise(ctx: LowerContext, op: Op) -> None:
     a: ops.Eltwise = op.attrs
+    if a.kind == "mul":
+        lower_mul(ctx, op)
+        return
     if a.kind not in ("add", "max"):
-        raise _unsupported(op, f"eltwise {a.kind}")
+        raise unsupported(op, f"eltwise {a.kind}")
     if a.act is not None and a.act.kind != "relu":
-        raise _unsupported(op, f"with fused activation {a.act.kind}")
+        raise unsupported(op, f"with fused activation {a.act.kind}")
     out = op.outputs[0]
     if len(op.inputs) != 2 or any(ctx.graph.const(i) is not None for i in op.inputs):
-        raise _unsupported(op, "with constant or more than two inputs")
+        raise unsupported(op, "with constant or more than two inputs")
     if any(ctx.graph.shape(i) != ctx.graph.shape(out) for i in op.inputs):
-        raise _unsupported(op, "with broadcasting")
+        raise unsupported(op, "with broadcasting")
     m, r = fp.bm1880_eltwise_multipliers(np.array([ctx.t(i) for i in op.inputs]), ctx.t(out))
     ctx.add(Layer(op.name, "eltwise", tuple(op.inputs), out, a.kind, rshift=int(r), relu=a.act is not None,
                   multipliers=tuple(int(v) for v in m)))  # fmt: skip
@@ -362,7 +295,7 @@ def _lower_concat(ctx: LowerContext, op: Op) -> None:
     axis = op.attrs.axis % rank
     axis4 = {4: axis, 2: axis, 3: (0, 1, 3)[axis]}.get(rank)
     if axis4 is None or any(ctx.graph.const(i) is not None for i in op.inputs):
-        raise _unsupported(op, f"on rank {rank} or with constant inputs")
+        raise unsupported(op, f"on rank {rank} or with constant inputs")
     pairs = [(1, 0) if ctx.t(i) == ctx.t(out) else fp.bm1880_requant_multiplier(ctx.t(i), ctx.t(out))
              for i in op.inputs]  # fmt: skip
     ctx.add(Layer(op.name, "concat", tuple(op.inputs), out, str(axis4),
@@ -386,6 +319,17 @@ LOWERINGS: dict[str, Callable[[LowerContext, Op], None]] = {
     "eltwise": _lower_eltwise,
     "concat": _lower_concat,
     "reshape": _lower_reshape,
+    "slice": lower_slice,
+    "split": lower_split,
+    "resize": lower_resize,
+    "transpose": lower_transpose,
+}
+
+
+# ops inside the net with no BM1880 int8 form, and why (as a trailing output they are left to the host)
+NO_FORM = {
+    "softmax": "the TIU has no exponent, cross-channel sum or divide in int8, and a 256-entry lookup sees one "
+    "value at a time; BMNet runs softmax on the host, only as a net output",
 }
 
 
@@ -423,7 +367,11 @@ def _rename(graph: Graph, old: str, new: str) -> None:
 
 
 def lower(
-    graph: Graph, table: dict[str, float], table_names: dict[str, str] | None = None, source: str = "--calib"
+    graph: Graph,
+    table: dict[str, float],
+    table_names: dict[str, str] | None = None,
+    source: str = "--calib",
+    channel_gains: bool = False,
 ) -> LoweredNet:
     """The BM1880 int8 layers of a canonicalized float graph (modified: its host tail is dropped)."""
     dropped = strip_host_tail(graph)
@@ -431,6 +379,8 @@ def lower(
     graph.prune()
     for op in graph.ops:
         with per_op(op):
+            if op.kind in NO_FORM:
+                raise UnsupportedError(f"op '{op.name}' ({op.kind}) cannot run on bm1880: {NO_FORM[op.kind]}")
             if op.kind not in LOWERINGS:
                 raise UnsupportedError(
                     f"op '{op.name}' ({op.kind}) is not supported by the bm1880 target "
@@ -449,7 +399,7 @@ def lower(
         th = threshold_for(name, table, table_names)
         if th is not None:
             net.thresholds[name] = th
-    ctx = LowerContext(graph, net, producers, source)
+    ctx = LowerContext(graph, net, producers, source, channel_gains)
     for op in graph.ops:
         with per_op(op):
             LOWERINGS[op.kind](ctx, op)

@@ -284,8 +284,29 @@ ARITH_KERNELS: dict[int, Callable[[np.ndarray, np.ndarray, Callable[[], np.ndarr
 BITWISE = {7, 8, 9}
 
 
+def lookup(lmem: LocalMemory, f: dict[str, int]) -> None:
+    """tsk_typ 3 with tens_lookup: res0 = opd1[lane][byte of opd0], opd1 a (1, 32, 1, entries) table (one per
+    lane, `bmk1880_tpu_lut`); int8 in and out, no shift or ReLU."""
+    if f["opt_opd1_const"] or not (f["opt_opd0_int8"] and f["opt_res0_int8"]):
+        raise UnsupportedError("lookup BD with a constant table or 16-bit operands is not simulated")
+    res = operand(f, "res0")
+    table_op = operand(f, "opd1")
+    entries = table_op.shape[3]
+    if table_op.shape[:3] != (1, isa.NPU_NUM, 1) or not 0 < entries <= 256:
+        raise CorruptFileError(f"lookup table of shape {table_op.shape}; expected (1, {isa.NPU_NUM}, 1, <=256)")
+    index = read(lmem, operand(f, "opd0", res.shape)) & 0xFF
+    if int(index.max(initial=0)) >= entries:
+        raise CorruptFileError(f"lookup index {int(index.max())} beyond the {entries}-entry table")
+    table = read(lmem, table_op)[0, :, 0, :]  # (lanes, entries)
+    lane = (np.arange(res.shape[1]) % isa.NPU_NUM)[None, :, None, None]
+    write(lmem, res, table[lane, index])
+
+
 def arith(lmem: LocalMemory, f: dict[str, int]) -> None:
     """tsk_typ 3: element-wise res0 = op(opd0, opd1 or constant), then ReLU/shift/saturate."""
+    if f["tens_lookup"]:
+        lookup(lmem, f)
+        return
     kernel = ARITH_KERNELS.get(f["tsk_eu_typ"])
     if kernel is None:
         raise UnsupportedError(f"tensor-arith BD with tsk_eu_typ {f['tsk_eu_typ']} is not simulated")
@@ -314,4 +335,6 @@ def run_bd(lmem: LocalMemory, f: dict[str, int]) -> None:
         raise UnsupportedError(f"BD task type {f['tsk_typ']} is not simulated")
     if f["opt_opd0_const"]:
         raise UnsupportedError("BD with a constant opd0 is not simulated")
+    if f["tens_lookup"] and f["tsk_typ"] != 3:
+        raise UnsupportedError(f"lookup on BD task type {f['tsk_typ']} is not simulated (only tensor arith)")
     kernel(lmem, f)

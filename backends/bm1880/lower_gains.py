@@ -1,0 +1,50 @@
+"""Per-channel power-of-two weight gains for BM1880 conv/FC/depthwise (build option weight_scale=channel).
+
+BMNet gives a layer one right shift r, so a channel whose weights are 2^k times smaller than the layer's
+largest keeps k fewer bits; in BN-folded depthwise convs (PP-LCNet) that costs most of the accuracy. With
+gains, channel c's weights and bias are scaled by 2^k_c more (k_c <= 7, and lower where its 16-bit bias would
+saturate); the conv BD writes `acc >> r` as 16 bits, then a multiply by the unsigned byte 2^(7-k_c), shifted
+right 7 (round half up), gives the int8 output. Both are BDs the target already runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npuc.passes import fixedpoint as fp
+
+MAX_GAIN_SHIFT = 7  # the u8 multiplier 2^(7-k) stays in 1..128
+
+
+def gain_shifts(weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float, rshift: int) -> np.ndarray:
+    """k_c per output channel: as many doublings as bring its largest weight toward the layer's largest, no
+    more than the 16-bit bias allows."""
+    w = np.abs(np.asarray(weight, np.float64)).reshape(weight.shape[0], -1).max(axis=1)
+    top = w.max()
+    with np.errstate(divide="ignore"):
+        k = np.floor(np.log2(top / np.maximum(w, top * 2.0**-MAX_GAIN_SHIFT)))
+    if bias is not None:
+        b = np.abs(np.asarray(bias, np.float64)) * (128.0 / ty) * 2.0**rshift
+        with np.errstate(divide="ignore"):
+            room = np.floor(np.log2(32767.0 / np.maximum(b, 1e-30)))
+        k = np.minimum(k, room)
+    return np.clip(k, 0, MAX_GAIN_SHIFT).astype(np.int64)
+
+
+def apply_gains(
+    weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float
+) -> tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]:
+    """(int8 weight, int16 bias, r, u8 gains or None when no channel gains) of a conv/FC/depthwise layer."""
+    q = fp.bm1880_quantize_layer(weight, bias, tx, ty)
+    k = gain_shifts(weight, bias, tx, ty, q.rshift)
+    if not k.any():
+        return q.weight, q.bias, q.rshift, None
+    shape = (-1,) + (1,) * (np.ndim(weight) - 1)
+    scale = np.float32(tx / ty) * np.ldexp(np.float32(1.0), q.rshift + k).astype(np.float32)
+    w = fp.saturate(fp.round_half_up(np.asarray(weight, np.float32) * scale.reshape(shape)), np.int8)
+    b = None
+    if bias is not None:
+        pot = np.ldexp(np.float32(1.0), q.rshift + k).astype(np.float32)
+        b = fp.saturate(fp.round_half_up(np.asarray(bias, np.float32) * (np.float32(128.0) / np.float32(ty)) * pot),
+                        np.int16)  # fmt: skip
+    return w, b, q.rshift, (1 << (MAX_GAIN_SHIFT - k)).astype(np.uint8)
