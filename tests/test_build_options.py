@@ -23,9 +23,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 CASES = [
-    (["--target", "cv18xx", "--quant", "bf16", "--mean", "127"], "--mean is not used by target 'cv18xx' (it is"),
-    (["--target", "cv18xx", "--quant", "bf16", "--color", "bgr"], "--color is not used by target 'cv18xx'"),
-    (["--target", "cv18xx", "--quant", "bf16", "--input-dtype", "uint8"], "--input-dtype is not used by target"),
+    (["--target", "cv18xx", "--quant", "bf16", "--mean", "127"], "--mean describes the uint8 frame of fused prepro"),
+    (["--target", "cv18xx", "--quant", "bf16", "--color", "bgr"], "--color describes the uint8 frame of fused prepro"),
+    (["--target", "cv18xx", "--quant", "bf16", "--pixel-format", "nv21"], "--pixel-format describes the uint8 frame"),
+    (["--target", "cv18xx", "--quant", "bf16", "--input-dtype", "float16"], "--input-dtype float16 is not a cv18xx in"),
+    (["--target", "dmp", "--pixel-format", "nv21"], "--pixel-format is not used by target 'dmp' (it is for cv18xx)"),
     (["--target", "cv18xx", "--quant", "bf16", "--convert", "div_255"], "--convert is not used by target 'cv18xx'"),
     (["--target", "cv18xx", "--quant", "bf16", "--option", "nosuch=1"], "--option nosuch is not used by target"),
     (["--target", "cv18xx", "--quant", "bf16", "--float-layers", "nosuch"], "'nosuch' match no op or tensor"),
@@ -103,3 +105,13 @@ def test_boolean_target_options_refuse_other_words(tmp_path: Path, value: str) -
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert run.returncode == 2 and "give true or false" in run.stderr and not (tmp_path / "o").exists()
+
+
+def test_uint8_input_without_pixel_format_says_which_frame(model: Path, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "npuc", "build", str(model), "--target", "cv18xx", "--quant", "bf16", "--input-dtype",
+         "uint8", "-o", str(tmp_path / "m.cvimodel")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "note: --input-dtype uint8 without --pixel-format: the input takes a rgb_planar frame" in run.stdout

@@ -298,6 +298,9 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     qgraph = quantize(graph, table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request),
                       partial_table=bool(opts.get("allow_partial_table")))  # fmt: skip
     qgraph.notes[:0] = input_notes
+    if spec is not None and "pixel_format" not in opts:
+        qgraph.notes.append(f"--input-dtype uint8 without --pixel-format: the input takes a {spec.pixel_format} frame "
+                            "(the model's channel order, planar)")  # fmt: skip
     tail_ops = _softmax_tail(qgraph)
     islands = _softmax_islands(qgraph)
     cpu_ops, tpu_ops, outputs = _split_edges(qgraph, bool(opts.get("quant_input")), bool(opts.get("quant_output")))
