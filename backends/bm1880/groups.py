@@ -21,6 +21,7 @@ weights resident (BMNet's BM_OPT_NONE / LAYER_GROUP / LAYER_GROUP_WITH_WEIGHT_OP
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,15 +51,37 @@ class _Activation:
     is_const: bool = False
 
 
+class _Activations(Mapping):
+    """Every tensor of a net as a non-constant activation, read through its shape table (views are made per
+    layer: copying the table each time made deep nets quadratic, 54 s of a 5000-layer chain)."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self._shapes = shapes
+
+    def __getitem__(self, name: str) -> _Activation:
+        if name not in self._shapes:
+            raise KeyError(name)
+        return _ACTIVATION
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+
+_ACTIVATION = _Activation()
+
+
 @dataclass(frozen=True)
 class NetView:
     """The graph interface of passes/layer_group.py over a LoweredNet: 4-D shapes, no constants."""
 
     net: LoweredNet
-    tensors: dict[str, _Activation] = field(init=False, repr=False)
+    tensors: Mapping[str, _Activation] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tensors", {name: _Activation() for name in self.net.shapes})
+        object.__setattr__(self, "tensors", _Activations(self.net.shapes))
 
     def shape(self, name: str) -> tuple[int, int, int, int]:
         return self.net.shapes[name]
