@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 MODELS = ["pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny", "yolov8n_320",
           "ppocrv4_rec", "ddddocr_crnn"]  # fmt: skip
@@ -46,37 +47,58 @@ def main(names: list[str]) -> None:
         )
 
 
-def deep_chains() -> None:
-    """CPU seconds of `npuc inspect` on Conv+Relu chains of growing depth (generated, 4 channels 8x8)."""
-    import resource
-    import tempfile
-    from pathlib import Path
+# what each command runs on a chain; {table}: a table with threshold 1 for every tensor
+CHAIN_COMMANDS = {
+    "inspect": ["inspect", "{model}"],
+    "cv18xx int8": ["build", "{model}", "--target", "cv18xx", "--calib", "{table}", "-o", "{out}.cvimodel"],
+    "cv18xx bf16": ["build", "{model}", "--target", "cv18xx", "--quant", "bf16", "-o", "{out}.cvimodel"],
+    "bm1880": ["build", "{model}", "--target", "bm1880", "--calib", "{table}", "-o", "{out}.bmodel"],
+    "bpu": ["build", "{model}", "--target", "bpu", "--calib", "{table}", "-o", "{out}_bpu"],
+    "dmp": ["build", "{model}", "--target", "dmp", "-o", "{out}_dmp"],
+    "lyngor": ["build", "{model}", "--target", "lyngor", "-o", "{out}_lyngor"],
+}
 
+
+def _chain(n: int, folder: Path) -> tuple[Path, Path]:
+    """A Conv+Relu chain of n layers (4 channels, 8x8) and a table giving every tensor threshold 1."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    print(f"{'chain layers':>12} {'inspect CPU s':>14} {'per 1000 layers':>16}")
+    nodes, inits, x, rows = [], [], "x", ["x 1.0 -1.0 1.0"]
+    for i in range(n):
+        inits.append(numpy_helper.from_array(np.full((4, 4, 1, 1), 0.1, np.float32), f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"]), helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        rows += [f"c{i} 1.0 -1.0 1.0", f"r{i} 1.0 0.0 1.0"]
+        x = f"r{i}"
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])]
+    outputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)]
+    graph = helper.make_graph(nodes, "chain", inputs, outputs, inits)
+    model, table = folder / f"chain{n}.onnx", folder / f"chain{n}.cali_table"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    table.write_text("\n".join(rows) + "\n")
+    return model, table
+
+
+def deep_chains() -> None:
+    """CPU seconds of `npuc inspect` and of a build for every target on Conv+Relu chains of growing depth: time
+    must grow linearly with depth (issue: a 5000-layer chain within a minute of CPU per command)."""
+    import resource
+    import tempfile
+
+    print(f"{'chain layers':>12} " + " ".join(f"{name:>12}" for name in CHAIN_COMMANDS) + "   (CPU seconds)")
     with tempfile.TemporaryDirectory(prefix="npuc-bench-chain-") as tmp:
         for n in CHAIN_LENGTHS:
-            nodes, inits, x = [], [], "x"
-            for i in range(n):
-                inits.append(numpy_helper.from_array(np.full((4, 4, 1, 1), 0.1, np.float32), f"w{i}"))
-                nodes += [
-                    helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"]),
-                    helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
-                ]
-                x = f"r{i}"
-            inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])]
-            outputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)]
-            graph = helper.make_graph(nodes, "chain", inputs, outputs, inits)
-            path = Path(tmp) / f"chain{n}.onnx"
-            onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-m", "npuc", "inspect", str(path)], capture_output=True, check=True)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            print(f"{n:>12} {cpu:>14.2f} {cpu / n * 1000:>16.2f}")
+            model, table = _chain(n, Path(tmp))
+            cells = []
+            for name, args in CHAIN_COMMANDS.items():
+                out = Path(tmp) / f"{n}_{name.replace(' ', '_')}"
+                argv = [a.format(model=model, table=table, out=out) for a in args]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                subprocess.run([sys.executable, "-m", "npuc", *argv], capture_output=True, check=True)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cells.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+            print(f"{n:>12} " + " ".join(f"{cpu:>12.2f}" for cpu in cells))
 
 
 if __name__ == "__main__":
