@@ -50,6 +50,7 @@ def build(
     The result's `notes` are what the CLI prints as `note:` lines."""
     from npuc.compiler.interp import external_shape
     from npuc.compiler.targets import BuildRequest, check_request, get_target
+    from npuc.frontends.hbbuild import apply_config
     from npuc.frontends.hbconfig import load_config
     from npuc.passes.canonicalize import canonicalize
     from npuc.passes.refinement import apply_refinement, load_refinement, side_file
@@ -81,7 +82,7 @@ def build(
     canonicalize(graph)
     if hb is not None:
         hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
-        output, calib = _apply_config(hb, model, chosen.name, options, notes, output, calib, recalibrate)
+        output, calib = apply_config(hb, model, chosen.name, options, notes, output, calib, recalibrate)
     if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: the split and refitted weights
         graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
         notes.append(f"refined constants from {side_file(calib)}")
@@ -509,42 +510,3 @@ def _check_float_layers(graph: Any, names: Sequence[str]) -> None:
         raise UserError(
             f"--float-layers {shown} match no op or tensor of the model; use names `npuc inspect MODEL` lists"
         )
-
-
-def _apply_config(
-    hb: Any,
-    model: Path,
-    target: str,
-    options: dict[str, Any],
-    notes: list[str],
-    output: str | Path | None,
-    calib: Path | None,
-    recalibrate: bool = False,
-) -> tuple[Path, Path | None]:
-    """Fill what the request left open from the config: name, output, inputs, calibration table (the one in
-    working_dir is reused while the model, samples, preprocessing and method it records are unchanged, unless
-    `recalibrate`)."""
-    from npuc.frontends.hbcalib import calibrate_config, calibration_inputs
-    from npuc.passes.calitable import read_table, write_table
-
-    options.setdefault("name", hb.output_prefix)
-    options.setdefault("march", hb.march)
-    options["hb_inputs"] = hb.inputs
-    notes.extend(f"{hb.source.name}: {line}" for line in hb.ignored)
-    if output is None or (calib is None and hb.cal_data_dir is not None):
-        hb.working_dir.mkdir(parents=True, exist_ok=True)
-    if calib is None and hb.cal_data_dir is not None:
-        calib = hb.working_dir / f"{hb.output_prefix}_cali_table.txt"
-        inputs = calibration_inputs(hb, model)
-        try:
-            recorded = read_table(calib).inputs if calib.is_file() and not recalibrate else None
-        except UserError:  # a damaged table of an earlier run is made again
-            recorded = None
-        if recorded == inputs:
-            notes.append(f"reused {calib}: same model, samples, preprocessing and method (--recalibrate redoes it)")
-        else:
-            table = calibrate_config(hb, model)
-            table.inputs = inputs
-            write_table(table, calib)
-            notes.append(f"calibrated on {hb.cal_data_dir} ({hb.calib_method[0]}): {calib}")
-    return Path(output) if output is not None else hb.working_dir / f"{hb.output_prefix}_{target}", calib
