@@ -222,6 +222,21 @@ class Calibrated:
     details: list[str] = field(default_factory=list)
     report: list[str] = field(default_factory=list)  # accuracy on samples no threshold saw (--method auto)
 
+    def record(self, table: str | Path | None) -> dict[str, Any]:
+        """The machine-readable summary (`npuc calibrate --json`); `table`: the path written, if any."""
+        from npuc.compiler.version import VERSION
+
+        made = self.result.table
+        return {
+            "npuc": VERSION,
+            "table": str(table) if table is not None else None,
+            "method": made.method if made is not None else None,
+            "samples": self.result.samples,
+            "notes": list(self.notes),
+            "details": list(self.details),
+            "report": list(self.report),
+        }
+
 
 HELD_OUT_SHARE = 5  # --target-cos measures on the last fifth of the samples (at least one)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,11 @@ def test_api_calibrate_writes_the_cli_table(model: Path, tmp_path: Path, monkeyp
     done = npuc.calibrate(model, [data], api, save_stats=tmp_path / "a.npz")  # both choose the method (auto)
     assert cli.read_text() == api.read_text() and done.result.samples == 6 and done.result.table is not None
     assert any(line.startswith("threshold method ") for line in done.details)
+    run = _cli("calibrate", str(model), "--data", str(data), "-o", str(tmp_path / "j.txt"), "--json")
+    record = json.loads(run.stdout)  # --json: the API's record, same table
+    same = {k: v for k, v in done.record(tmp_path / "j.txt").items() if k != "details"}  # details hold speeds
+    assert {k: v for k, v in record.items() if k != "details"} == same and len(record["details"]) == len(done.details)
+    assert record["method"].startswith("auto (") and record["samples"] == 6 and not run.stderr
     npuc.calibrate(model, [data], api, method="kl")  # what merging the statistics gives (KL, no samples to measure)
     assert any("calibrated" in line for line in done.details)
     merged = npuc.merge_calibration([tmp_path / "a.npz"], tmp_path / "m.txt")

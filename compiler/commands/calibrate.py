@@ -192,6 +192,9 @@ def register(app: typer.Typer) -> None:
                 help="A sample that cannot be read (checked before the first pass): fail (stop, naming it) or skip.",
             ),
         ] = "fail",
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print a machine-readable summary on stdout (notes, choices, report).")
+        ] = False,
     ) -> None:
         """Calibrate MODEL on sample data and write a tpu-mlir cali_table (`run` is the default subcommand;
         `npuc calibrate merge --help` combines shards).
@@ -211,6 +214,11 @@ def register(app: typer.Typer) -> None:
                 max_float_layers=max_float_layers, float_patterns=float_patterns, budget=budget, fit=fit,
                 depfile=depfile, on_bad_sample=on_bad_sample, progress=progress,
             )  # fmt: skip
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(done.record(output), indent=2))
+            return
         for line in done.notes:
             typer.echo(f"npuc: note: {line}", err=True)
         for line in done.details:
