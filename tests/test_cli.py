@@ -272,3 +272,18 @@ def test_every_command_help_has_an_example(command: str) -> None:
 def test_calibrate_help_shows_the_options_of_its_default_subcommand() -> None:
     text = " ".join(npuc("calibrate", "--help").stdout.split())
     assert "--data" in text and "--method" in text and "npuc calibrate merge --help" in text
+
+
+def test_run_json_describes_every_output(tmp_path: Path) -> None:
+    import json
+
+    model = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx"
+    result = npuc("run", str(model), "--random-input", "--json", "-o", str(tmp_path / "o.npz"))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    saved = np.load(tmp_path / "o.npz")
+    assert record["kind"] == "onnx" and record["written"] == str(tmp_path / "o.npz")
+    assert set(record["outputs"]) == set(saved.files)
+    for name, figures in record["outputs"].items():
+        assert figures["shape"] == list(saved[name].shape) and figures["dtype"] == str(saved[name].dtype)
+        assert np.isclose(figures["mean"], float(saved[name].astype(np.float64).mean()))

@@ -79,15 +79,22 @@ def _random_feeds(specs: list[TensorSpec], seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _summary(name: str, value: np.ndarray) -> str:
+def _figures(value: np.ndarray) -> dict[str, object]:
+    """dtype, shape and (numeric, non-empty) min/max/mean of one output."""
     import numpy as np
 
     v = np.asarray(value)
-    stats = ""
+    found: dict[str, object] = {"dtype": str(v.dtype), "shape": list(v.shape)}
     if v.size and v.dtype.kind in "fiu":
         f = v.astype(np.float64)
-        stats = f"  min {f.min():.6g}  max {f.max():.6g}  mean {f.mean():.6g}"
-    return f"{name:<28} {str(v.dtype):<8} {'x'.join(map(str, v.shape)):<16}{stats}"
+        found.update(min=float(f.min()), max=float(f.max()), mean=float(f.mean()))
+    return found
+
+
+def _summary(name: str, value: np.ndarray) -> str:
+    f = _figures(value)
+    stats = f"  min {f['min']:.6g}  max {f['max']:.6g}  mean {f['mean']:.6g}" if "mean" in f else ""
+    return f"{name:<28} {f['dtype']:<8} {'x'.join(map(str, f['shape'])):<16}{stats}"
 
 
 def register(app: typer.Typer) -> None:
@@ -107,6 +114,7 @@ def register(app: typer.Typer) -> None:
         color: Color = "rgb",
         resize: Resize = None,
         layout: Layout = "nchw",
+        as_json: bool = typer.Option(False, "--json", help="Print the outputs' dtype, shape, min, max, mean as JSON."),
     ) -> None:
         """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes).
 
@@ -136,8 +144,19 @@ def register(app: typer.Typer) -> None:
         else:
             feeds = _feeds_from_file(input, specs)
         outputs = kind.run(path, feeds, options)
+        if output is not None:
+            save_npz(output, {k: np.asarray(v) for k, v in outputs.items()})
+        if as_json:
+            import json
+
+            from npuc.compiler.version import VERSION
+
+            record = {"npuc": VERSION, "artifact": str(path), "kind": kind.name,
+                      "outputs": {name: _figures(value) for name, value in outputs.items()},
+                      "written": str(output) if output is not None else None}  # fmt: skip
+            typer.echo(json.dumps(record, indent=2))
+            return
         for name, value in outputs.items():
             typer.echo(_summary(name, value))
         if output is not None:
-            save_npz(output, {k: np.asarray(v) for k, v in outputs.items()})
             typer.echo(f"wrote {output}")
