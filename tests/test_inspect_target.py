@@ -108,10 +108,25 @@ def test_cli_report(mixed: Path) -> None:
         assert f"\n{target} (" in out
 
 
+def test_cli_json_lists_the_same_gaps(mixed: Path) -> None:
+    import json
+
+    run = _npuc("inspect", str(mixed), "--target", "cv18xx", "--json")
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stdout)
+    found = api.check(mixed, "cv18xx")
+    assert record["ops"] == found.op_count == 4
+    assert [(c["target"], c["quant"]) for c in record["checks"]] == [("cv18xx", "int8"), ("cv18xx", "bf16")]
+    for check, gaps in zip(record["checks"], found.values(), strict=True):
+        assert check["runs"] == (not gaps) and [g["op"] for g in check["gaps"]] == [g.op for g in gaps]
+    assert {"op": "low", "kind": "reduce"}.items() <= record["checks"][0]["gaps"][0].items()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--quant", "bf16"], "--quant and --chip go with --target T"),
+        (["--quant", "bf16"], "--quant, --chip and --json go with --target T"),
+        (["--json"], "--quant, --chip and --json go with --target T"),
         (["--target", "nosuch"], "nosuch"),
         (["--target", "cv18xx", "--quant", "fp16"], "--quant fp16 is not a number format of target 'cv18xx'"),
         (["--target", "dmp", "--chip", "cv181x"], "--chip cv181x is not a chip of target 'dmp'"),

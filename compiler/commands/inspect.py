@@ -33,6 +33,19 @@ def coverage_report(found: dict, graph_ops: int) -> str:
     return "\n".join(lines)
 
 
+def coverage_record(path: Path, found: dict) -> dict:
+    """`npuc inspect MODEL --target T --json`: per (target, format) whether every op runs, and each gap."""
+    from npuc.compiler.version import VERSION
+
+    checks = [
+        {"target": target, "quant": quant or None, "runs": not gaps,
+         "gaps": [{"op": g.op, "kind": g.kind, "reason": g.reason, "after": list(g.after), "judged": g.judged}
+                  for g in gaps]}
+        for (target, quant), gaps in found.items()
+    ]  # fmt: skip
+    return {"npuc": VERSION, "model": str(path), "ops": found.op_count, "checks": checks}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect(
@@ -44,6 +57,7 @@ def register(app: typer.Typer) -> None:
         ),
         quant: str = typer.Option(None, "--quant", help="With --target: check this number format only."),
         chip: str = typer.Option(None, "--chip", help="With --target: check for this chip."),
+        as_json: bool = typer.Option(False, "--json", help="With --target: print the checks as JSON only."),
     ) -> None:
         """Print what a model or artifact contains (ops, shapes, FLOPs; headers, sections, tensors).
 
@@ -51,8 +65,14 @@ def register(app: typer.Typer) -> None:
         """
         from npuc import api
 
-        if target is None and (quant is not None or chip is not None):
-            raise UserError("--quant and --chip go with --target T; add it or drop them")
+        if target is None and (quant is not None or chip is not None or as_json):
+            raise UserError("--quant, --chip and --json go with --target T; add it or drop them")
+        if as_json:
+            import json
+
+            found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
+            typer.echo(json.dumps(coverage_record(path, found), indent=2))
+            return
         typer.echo(api.inspect(path, disasm=disasm, input_shapes=input_shape))
         if target is not None:
             found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
