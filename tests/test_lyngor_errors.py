@@ -218,7 +218,15 @@ PAYLOAD_CORRUPTIONS: list[tuple[str, Callable[[Path], None], str]] = [
      r"ops\[1\].inputs\[0\] = \['x'\] is not of type string"),
     ("output name a number", lambda t: rewrite_section(t, lambda d: d["outputs"][0].update(name=7)),
      r"outputs\[0\].name = 7 is not of type string"),
+    ("pool mode a number", lambda t: rewrite_section(t, lambda d: _first(d, "pool2d")["attrs"].update(mode=1e300)),
+     r"malformed program section \(TypeError: 1e\+300 is not of type str\)"),
+    ("group a float", lambda t: rewrite_section(t, lambda d: _first(d, "conv2d")["attrs"].update(group=1.5)),
+     r"malformed program section \(TypeError: 1.5 is not of type int\)"),
 ]  # fmt: skip
+
+
+def _first(doc: dict, kind: str) -> dict:
+    return next(op for op in doc["ops"] if op["kind"] == kind)
 
 
 @pytest.mark.parametrize("what, corrupt, match", PAYLOAD_CORRUPTIONS, ids=[c[0] for c in PAYLOAD_CORRUPTIONS])

@@ -102,7 +102,13 @@ def _decode_value(value: Any, type_text: str) -> Any:
     if type_text.startswith("tuple"):
         inner = "float" if "float" in type_text else "int"
         return tuple(_decode_value(v, inner) for v in value)
+    plain = _PLAIN_TYPES.get(type_text.removesuffix(" | None"))
+    if plain is not None and (not isinstance(value, plain) or (plain is int and isinstance(value, bool))):
+        raise TypeError(f"{value!r:.40} is not of type {plain.__name__}")
     return value
+
+
+_PLAIN_TYPES = {"str": str, "int": int, "bool": bool}  # annotations whose JSON value is taken as it is
 
 
 def _decode_fields(cls: type, value: Any) -> dict[str, Any]:
