@@ -85,7 +85,7 @@ def main() -> None:
             base = None
             for opt in OPTS:
                 start = time.perf_counter()
-                model, stats, _ = compile_bmodel(graphs, table, None, opt, name)
+                model, stats, _, _ = compile_bmodel(graphs, table, None, opt, name)
                 data = write_bmodel(model)
                 seconds = time.perf_counter() - start
                 st = stats[-1]

@@ -72,6 +72,7 @@ def test_lenet_final_elu_is_left_to_the_host(tmp_path, capsys):
     assert _cli("build", GOLDEN / "lenet_float.onnx", "--target", "bm1880", "--calib", calib, "--json", "-o", out) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["notes"] == ["left to the host (not in the bmodel): customized2 (activation)"]
+    assert summary["host_ops"] == 1
     assert [t.shape for t in load_bmodel(out).commands[0].outputs] == [(1, 10)]
 
 
@@ -144,7 +145,7 @@ def test_lenet_conv1_pool1_bit_exact_against_an_integer_reference(lenet_no_elu):
     pooled = conv1.reshape(1, 20, 12, 2, 12, 2).max(axis=(3, 5))
     expect = np.clip((pooled * m + (1 << (r - 1))) >> r, -128, 127)
     for opt in ("none", "layer-group"):
-        model, _, _ = compile_bmodel([graph], table, None, opt, "lenet")
+        model = compile_bmodel([graph], table, None, opt, "lenet").model
         got = run_bmodel(model, {"input": xq})["pool1_1"]  # int8 in; dequantized out
         np.testing.assert_array_equal(np.round(got * 128 / np.float32(table["pool1"])).astype(np.int64), expect)
 
@@ -158,7 +159,7 @@ def test_lenet_opt_levels_agree_and_layer_groups_save_ddr(lenet_no_elu):
     x = np.fromfile(GOLDEN / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)
     outs, stats = {}, {}
     for opt in OPTS:
-        model, (st,), _ = compile_bmodel([graph], table, None, opt, "lenet")
+        model, (st,), _, _ = compile_bmodel([graph], table, None, opt, "lenet")
         outs[opt] = run_bmodel(read_bmodel(write_bmodel(model)), {"input": x})["ip2_1"]
         stats[opt] = st
     assert all(np.array_equal(outs["none"], o) for o in outs.values())
@@ -342,7 +343,7 @@ def test_pnet_opt_levels_agree_on_a_large_shape(pnet_onnx, pnet_vendor_table):
     x = _pnet_feeds((1, 3, 144, 192))[1]
     results = {}
     for opt in OPTS:
-        model, (st,), notes = compile_bmodel([graph], table, None, opt, "pnet")
+        model, (st,), notes, _ = compile_bmodel([graph], table, None, opt, "pnet")
         results[opt] = (run_bmodel(model, {"input": x}), st)
     base = results["none"][0]
     for out, _ in results.values():
@@ -380,7 +381,7 @@ def test_op_family_matches_onnxruntime(family_paths, name):
     table = max_abs_thresholds(graph, feeds)
     outs = {}
     for opt in OPTS:
-        model, _, _ = compile_bmodel([graph], table, None, opt, name)
+        model = compile_bmodel([graph], table, None, opt, name).model
         outs[opt] = next(iter(run_bmodel(read_bmodel(write_bmodel(model)), {"input": feeds[0][inp]}).values()))
     for out in outs.values():
         np.testing.assert_array_equal(out, outs["none"])

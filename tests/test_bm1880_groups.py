@@ -99,7 +99,7 @@ def test_residual_blocks_join_one_group(resnet):
     assert sum(slot.source is not None for slot in group.slots) == 1
     outs, stats = {}, {}
     for opt in OPTS:
-        model, (st,), _ = compile_bmodel([graph], table, None, opt, "res")
+        model, (st,), _, _ = compile_bmodel([graph], table, None, opt, "res")
         outs[opt] = run_bmodel(read_bmodel(write_bmodel(model)), {"input": x})["output"]
         stats[opt] = st
     for opt in OPTS:
@@ -151,7 +151,7 @@ def test_tall_opt_levels_agree_bit_for_bit(tall):
     graph = _graph(path, (2, 3, 200, 96))
     outs, stats = {}, {}
     for opt in OPTS:
-        model, (st,), _ = compile_bmodel([graph], table, None, opt, "tall")
+        model, (st,), _, _ = compile_bmodel([graph], table, None, opt, "tall")
         outs[opt], stats[opt] = run_bmodel(model, {"input": x})["output"], st
     for opt in OPTS:
         np.testing.assert_array_equal(outs[opt], outs["none"])
@@ -165,9 +165,9 @@ def test_whole_items_share_a_tile(resnet, tmp_path):
     path, table, x = resnet
     graph = _graph(path, (2, 3, 40, 32))
     xx = np.concatenate([x, x[:, :, ::-1]])
-    model, (st,), _ = compile_bmodel([graph], table, None, "layer-group-weight", "res")
+    model, (st,), _, _ = compile_bmodel([graph], table, None, "layer-group-weight", "res")
     got = run_bmodel(model, {"input": xx})["output"]
-    one, _, _ = compile_bmodel([_graph(path, x.shape)], table, None, "layer-group-weight", "res")
+    one = compile_bmodel([_graph(path, x.shape)], table, None, "layer-group-weight", "res").model
     for i in range(2):
         np.testing.assert_array_equal(got[i : i + 1], run_bmodel(one, {"input": xx[i : i + 1]})["output"])
     loads = [i.fields for i in decode_cmdbuf(model.commands[0].cmdbuf) if i.engine == isa.ENGINE_GDMA]
@@ -184,7 +184,7 @@ def test_output_channel_split_is_bit_exact(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, ic, 4, 6)).astype(np.float32)
     table = max_abs_thresholds(graph, [{"input": x}])
-    model, (st,), _ = compile_bmodel([graph], table, None, "layer-group-weight", "wide")
+    model, (st,), _, _ = compile_bmodel([graph], table, None, "layer-group-weight", "wide")
     got = run_bmodel(model, {"input": x})["output"]
     # the exact integer expectation, from the BM1880 rules of specs/bm1880.md §3.2
     w, b = graph.const(graph.ops[0].inputs[1]), graph.const(graph.ops[0].inputs[2])

@@ -628,7 +628,7 @@ def test_bm1880_exact_form_equals_the_bmodel_on_every_layer_form(tmp_path):
         inp = graph.inputs[0]
         feeds = [{inp: rng.standard_normal(graph.shape(inp)).astype(np.float32)} for _ in range(3)]
         table = {t: v * float(rng.uniform(0.7, 1.3)) for t, v in max_abs_thresholds(graph, feeds, floor=1e-3).items()}
-        bmodel, _, _ = compile_bmodel([graph], table, None, "layer-group", name)
+        bmodel = compile_bmodel([graph], table, None, "layer-group", name).model
         bmodel = read_bmodel(write_bmodel(bmodel))
         for layer in lower_for_export(graph, table, None).net.layers:
             requant = layer.kind in ("pool", "concat") and any(m != 1 for m in layer.multipliers)

@@ -19,7 +19,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import onnx
 
@@ -71,6 +71,13 @@ def compile_command(net: LoweredNet, blob: WeightBlob, opt: str) -> tuple[Comman
     return command, stats
 
 
+class CompiledBModel(NamedTuple):
+    model: BModel
+    stats: list[CommandStats]  # one per input shape
+    notes: list[str]
+    host_ops: list[str]  # the tail BMNet leaves to the host, "name (kind)" each
+
+
 def compile_bmodel(
     graphs: list[Graph],
     table: dict[str, float],
@@ -78,14 +85,14 @@ def compile_bmodel(
     opt: str,
     name: str,
     weight_scale: str = "layer",
-) -> tuple[BModel, list[CommandStats], list[str]]:
+) -> CompiledBModel:
     """The bmodel of one float graph per input shape (graphs are not modified)."""
     if opt not in OPT_LEVELS:
         raise UserError(f"--opt {opt!r} is not one of {', '.join(OPT_LEVELS)}")
     if weight_scale not in WEIGHT_SCALES:
         raise UserError(f"--option weight_scale={weight_scale!r} is not one of {', '.join(WEIGHT_SCALES)}")
     blob = WeightBlob()
-    commands, stats, notes = [], [], []
+    commands, stats, notes, host_ops = [], [], [], []
     seen: set[tuple[int, ...]] = set()
     for graph in graphs:
         net = lower(copy.deepcopy(graph), table, table_names, channel_gains=weight_scale == "channel")
@@ -95,9 +102,9 @@ def compile_bmodel(
         seen.add(st.shape)
         commands.append(command)
         stats.append(st)
-        notes = net.notes
+        notes, host_ops = net.notes, net.host_ops
     model = BModel(name, CHIP_BM1880, FMT_I8, tuple(commands), (bytes(blob.data),))
-    return model, stats, notes
+    return CompiledBModel(model, stats, notes, host_ops)
 
 
 def _reimport(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> Graph:
@@ -161,7 +168,7 @@ def build(request: BuildRequest) -> BuildResult:
     graphs = graphs_per_shape(request)
     name = str(request.options.get("name") or request.graph.name)
     weight_scale = str(request.options.get("weight_scale", "layer"))
-    model, stats, notes = compile_bmodel(graphs, table, source_table_names(request), opt, name, weight_scale)
+    model, stats, notes, host_ops = compile_bmodel(graphs, table, source_table_names(request), opt, name, weight_scale)
     data = write_bmodel(model)
     output = Path(request.output)
     atomic_write_bytes(output, data)
@@ -190,6 +197,5 @@ def build(request: BuildRequest) -> BuildResult:
                 "(transpose it before feeding; `npuc run` calls it "
                 f"'{input_name(index)}')"
             )
-    host = sum(len(n.split(": ", 1)[1].split(", ")) for n in notes if n.startswith("left to the host"))
     return BuildResult([output], summary, list(notes), chip="bm1880", quant="int8",
-                       weight_bytes=summary["weight_bytes"], host_ops=host)  # fmt: skip
+                       weight_bytes=summary["weight_bytes"], host_ops=len(host_ops))  # fmt: skip

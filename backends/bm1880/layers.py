@@ -62,6 +62,7 @@ class LoweredNet:
     ir_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the graph's own shapes
     layers: list[Layer] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    host_ops: list[str] = field(default_factory=list)  # the tail left to the host, "name (kind)" each
 
 
 def as_4d(shape: tuple[int, ...], where: str) -> Shape4:

@@ -388,6 +388,7 @@ def lower(
                 )
     stop_if_gaps()
     net = LoweredNet(graph.name, list(graph.inputs), list(graph.outputs), {}, {}, {})
+    net.host_ops = dropped
     if dropped:
         net.notes.append(f"left to the host (not in the bmodel): {', '.join(dropped)}")
     acts = list(graph.inputs) + [o for op in graph.ops for o in op.outputs]
