@@ -13,7 +13,7 @@ import numpy as np
 from npuc.compiler import arrays
 from npuc.compiler.errors import UserError
 from npuc.passes.calitable import CalibrationTable
-from npuc.passes.colorspace import runtime_pixels, train_picture_to_rgb
+from npuc.passes.colorspace import norm_vectors, runtime_pixels, train_picture_to_rgb, train_pixels
 
 from .hbconfig import HbConfig, InputConfig
 from .hbconfig_schema import CAL_DATA_TYPES
@@ -60,15 +60,17 @@ def _sample_files(config: HbConfig, limit: int | None) -> list[Path]:
 
 
 def _sample_to_input(path: Path, spec: InputConfig, raw_dtype: str | None = None) -> np.ndarray:
-    """One calibration file as the model's float input: pictures are resized to the input, converted to the
-    runtime type (NV12 round trip included) and run through HzPreprocess; arrays of a featuremap are used
-    as they are, arrays of an image input are the picture in input_type_train and input_layout_train."""
-    from npuc.passes.preprocess import IMAGE_SUFFIXES, decode_image, resize_bilinear
+    """One calibration file as the model's float input: pictures are decoded and resized to the input as
+    `npuc calibrate` does (passes/pictures.py), converted to the runtime type (NV12 round trip included) and
+    run through HzPreprocess; arrays of a featuremap are used as they are, arrays of an image input are the
+    picture in input_type_train and input_layout_train."""
+    from npuc.passes.pictures import decode_picture, normalize, resize_u8
+    from npuc.passes.preprocess import IMAGE_SUFFIXES
 
     c_axis, h_axis, w_axis = (1, 2, 3) if spec.layout_train == "NCHW" else (3, 1, 2)
     h, w = spec.shape[h_axis], spec.shape[w_axis]
     if path.suffix.lower() in IMAGE_SUFFIXES:
-        rgb = np.clip(np.rint(resize_bilinear(decode_image(path), h, w)), 0, 255).astype(np.uint8)
+        rgb = resize_u8(decode_picture(path), h, w)
     else:
         array = _load_array(path, spec, raw_dtype)
         if array.size != int(np.prod(spec.shape)):
@@ -79,8 +81,9 @@ def _sample_to_input(path: Path, spec: InputConfig, raw_dtype: str | None = None
             return array.astype(np.float32).reshape(spec.shape)
         hwc = np.moveaxis(array.reshape(spec.shape)[0], c_axis - 1, -1)
         rgb = train_picture_to_rgb(np.clip(np.rint(hwc), 0, 255).astype(np.uint8), spec.type_train, spec.space)
-    pixels = runtime_pixels(rgb, spec.type_rt, spec.space, spec.name)
-    value = spec.affine().apply(pixels)[None]  # 1 x H x W x C
+    pixels = train_pixels(runtime_pixels(rgb, spec.type_rt, spec.space, spec.name), spec.type_rt, spec.type_train,
+                          spec.space)  # fmt: skip
+    value = normalize(pixels, *norm_vectors(spec.norm_type, spec.mean, spec.scale, pixels.shape[-1]))[None]
     return np.ascontiguousarray(value if spec.layout_train == "NHWC" else value.transpose(0, 3, 1, 2))
 
 

@@ -210,6 +210,14 @@ def preprocess_affine(
     return PreprocessAffine(weight, bias)
 
 
+def train_pixels(x_int8: np.ndarray, rt: str, train: str, space: str = "regular") -> np.ndarray:
+    """The int8 runtime pixels (HxWxC, rt order) as 0..255 values of the training colour space, float32: the
+    colour half of the HzPreprocess chain, whose normalisation (passes/pictures.normalize) then runs in the
+    float32 arithmetic `npuc calibrate` uses, so both paths give the same bits for the same picture."""
+    a, c = _color_matrix(rt, train, space)
+    return ((np.asarray(x_int8, np.float64) + INT8_OFFSET) @ a.T + c).astype(np.float32)
+
+
 def hz_preprocess(x_int8: np.ndarray, mean: np.ndarray, scale: np.ndarray, channel_axis: int = -1) -> np.ndarray:
     """HzPreprocess alone: `((x + 128) - mean) · scale` per channel, float32."""
     x = np.moveaxis(np.asarray(x_int8, np.float64), channel_axis, -1)

@@ -377,7 +377,8 @@ def recorded_preprocess(table: CalibrationTable, pre: Preprocess, given: Sequenc
     recorded = Preprocess.from_spec(table.preprocess, where)
     for name, ours, theirs in pre.differences(recorded):
         if name in given:
-            raise UserError(f"--{name} {ours} contradicts {where}, calibrated with {name}={theirs}; drop --{name} "
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} {ours} contradicts {where}, calibrated with {name}={theirs}; drop {flag} "
                             "or calibrate again with it")  # fmt: skip
     return recorded
 

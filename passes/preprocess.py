@@ -6,9 +6,9 @@ single-input model) or pictures (`.jpg`, `.jpeg`, `.png`, `.bmp`; decoded with P
 (one path per line, relative to the list's folder). Samples are loaded one at a time, so memory does not
 grow with their number.
 
-Picture preprocessing follows tpu-mlir's convention: resize (bilinear, half-pixel centres like OpenCV) to
-`resize` (default: the input's H,W), centre-crop to the input's H,W, reorder colour, then
-`(pixel - mean) * scale` per channel on the 0..255 scale, then the `layout` the model takes.
+Pictures become tensors as tpu-mlir makes them (passes/pictures.py: OpenCV decoding and uint8 resizing,
+stretched or letterboxed, centre crop, colour order, `(pixel - mean) * scale` on the 0..255 scale), then the
+`layout` the model takes.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import onnx
 
 from npuc.compiler import arrays
 from npuc.compiler.errors import UserError
+from npuc.passes.pictures import COLOR_ORDERS, PAD_TYPES, center_crop, decode_picture, letterbox, normalize, resize_u8
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 ARRAY_SUFFIXES = (".npz", ".npy")
 LIST_SUFFIX = ".txt"
 MAX_SAMPLE_BYTES = arrays.MAX_ARRAY_BYTES  # one sample larger than this is a wrong file, not calibration data
-LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as OpenCV and Pillow use
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class Preprocess:
     color: str = "rgb"  # rgb | bgr | gray
     resize: tuple[int, int] | None = None  # H,W before the centre crop; None: the input's H,W
     layout: str = "nchw"  # nchw | nhwc
+    keep_aspect_ratio: bool = False  # letterbox: scale to fit inside `resize`, pad the rest
+    pad_value: int = 0
+    pad_type: str = "center"  # center | normal (top left)
 
     def __post_init__(self) -> None:
         if self.color not in COLOR_ORDERS:
@@ -59,6 +62,10 @@ class Preprocess:
             raise UserError(f"--resize {self.resize} must be two positive sizes H,W such as 256,256")
         if not all(np.isfinite(self.mean)) or not all(np.isfinite(self.scale)):
             raise UserError("--mean and --scale must be finite numbers")
+        if not 0 <= self.pad_value <= 255:
+            raise UserError(f"--pad-value {self.pad_value} is not a pixel value; give 0..255")
+        if self.pad_type not in PAD_TYPES:
+            raise UserError(f"--pad-type {self.pad_type!r} is not one of {', '.join(PAD_TYPES)}")
 
     def spec(self) -> str:
         """One line, written into the calibration table's header (`# preprocess: ...`) and read back by
@@ -118,6 +125,18 @@ def _parse_resize(text: str, where: str) -> tuple[int, int] | None:
     return None if text == "none" else parse_hw(text, where)
 
 
+def _parse_bool(text: str, where: str) -> bool:
+    if text not in ("yes", "no"):
+        raise UserError(f"{where}: {text!r} is not yes or no; fix the header line or recalibrate")
+    return text == "yes"
+
+
+def _parse_pad_value(text: str, where: str) -> int:
+    if not text.isdigit():
+        raise UserError(f"{where}: {text!r} is not a pixel value 0..255; fix the header line or recalibrate")
+    return int(text)
+
+
 # field -> (render, parse(text, where)): the `# preprocess:` header line, one table both ways
 SPEC_FIELDS: Mapping[str, tuple[Callable[[object], str], Callable[[str, str], object]]] = MappingProxyType({
     "mean": (_render_floats, parse_floats),
@@ -125,6 +144,9 @@ SPEC_FIELDS: Mapping[str, tuple[Callable[[object], str], Callable[[str, str], ob
     "color": (str, lambda text, where: text),
     "resize": (lambda hw: "none" if hw is None else f"{hw[0]},{hw[1]}", _parse_resize),
     "layout": (str, lambda text, where: text),
+    "keep_aspect_ratio": (lambda flag: "yes" if flag else "no", _parse_bool),
+    "pad_value": (str, _parse_pad_value),
+    "pad_type": (str, lambda text, where: text),
 })  # fmt: skip
 
 
@@ -312,33 +334,23 @@ def _load_image(path: Path, inputs: Sequence[InputSpec], pre: Preprocess) -> dic
             f"sample {path.name}: input '{spec.name}' has shape {_dims(spec.shape)}, not a 4-D image "
             "batch; use .npy/.npz samples"
         )
-    return {spec.name: image_to_tensor(decode_image(path), spec, pre, path)}
+    return {spec.name: image_to_tensor(decode_picture(path, gray=pre.color == "gray"), spec, pre, path)}
 
 
-def decode_image(path: Path) -> np.ndarray:
-    """Decode a picture to HxWx3 RGB uint8 with Pillow."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"))
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise UserError(
-            f"sample {path.name}: cannot decode picture ({str(exc).splitlines()[0][:120] if str(exc) else exc!r}); "
-            "replace or remove the file"
-        ) from None
-
-
-def image_to_tensor(rgb: np.ndarray, spec: InputSpec, pre: Preprocess, path: Path) -> np.ndarray:
-    """HxWx3 RGB picture → [1,C,H,W] or [1,H,W,C] tensor of `spec` per `pre`."""
+def image_to_tensor(picture: np.ndarray, spec: InputSpec, pre: Preprocess, path: Path) -> np.ndarray:
+    """HxWx3 RGB (or HxWx1 grey) uint8 picture → [1,C,H,W] or [1,H,W,C] tensor of `spec` per `pre`."""
     c_axis, h_axis, w_axis = LAYOUT_AXES[pre.layout]
     channels, height, width = spec.shape[c_axis], spec.shape[h_axis], spec.shape[w_axis]
     rh, rw = pre.resize or (height, width)
     if rh < height or rw < width:
         raise UserError(f"--resize {rh},{rw} is smaller than the model's input {height}x{width}; resize larger")
-    img = resize_bilinear(rgb, rh, rw)
-    top, left = (rh - height) // 2, (rw - width) // 2
-    img = COLOR_ORDERS[pre.color](img[top : top + height, left : left + width])
+    if picture.shape[2] == 1 and pre.color != "gray":
+        picture = np.repeat(picture, 3, axis=2)
+    if pre.keep_aspect_ratio:
+        img = letterbox(picture, rh, rw, pre.pad_value, pre.pad_type)
+    else:
+        img = resize_u8(picture, rh, rw)
+    img = COLOR_ORDERS[pre.color](center_crop(img, height, width))
     if img.shape[2] != channels:
         raise UserError(
             f"sample {path.name}: --color {pre.color} gives {img.shape[2]} channel(s) but input '{spec.name}' "
@@ -349,32 +361,11 @@ def image_to_tensor(rgb: np.ndarray, spec: InputSpec, pre: Preprocess, path: Pat
             raise UserError(
                 f"{option} has {len(values)} values but the input has {channels} channels; give 1 or {channels}"
             )
-    img = (img - np.asarray(pre.mean, np.float32)) * np.asarray(pre.scale, np.float32)
+    img = normalize(img, pre.mean, pre.scale)
     hwc_to = (2, 0, 1) if pre.layout == "nchw" else (0, 1, 2)
     return np.ascontiguousarray(img.transpose(hwc_to)[None])
 
 
-def _axis_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # Half-pixel centres, edge-clamped: OpenCV's INTER_LINEAR, which tpu-mlir's preprocessing uses.
-    pos = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0.0, n_in - 1)
-    lo = np.floor(pos).astype(np.intp)
-    return lo, np.minimum(lo + 1, n_in - 1), (pos - lo).astype(np.float32)
-
-
-def resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Bilinear resize of an HxWxC picture to float32 `height` x `width` (a copy even when sizes match)."""
-    src = img.astype(np.float32)
-    if src.shape[:2] == (height, width):
-        return src
-    y0, y1, fy = _axis_taps(src.shape[0], height)
-    x0, x1, fx = _axis_taps(src.shape[1], width)
-    rows = src[y0] * (1 - fy[:, None, None]) + src[y1] * fy[:, None, None]
-    return rows[:, x0] * (1 - fx[None, :, None]) + rows[:, x1] * fx[None, :, None]
-
-
-COLOR_ORDERS: Mapping[str, Callable[[np.ndarray], np.ndarray]] = MappingProxyType(
-    {"rgb": lambda a: a, "bgr": lambda a: a[..., ::-1], "gray": lambda a: (a @ LUMA)[..., None]}
-)
 LAYOUT_AXES: Mapping[str, tuple[int, int, int]] = MappingProxyType({"nchw": (1, 2, 3), "nhwc": (3, 1, 2)})  # C,H,W
 LOADERS: Mapping[str, Callable[[Path, Sequence[InputSpec], Preprocess], dict[str, np.ndarray]]] = MappingProxyType(
     {".npz": _load_npz, ".npy": _load_npy, **dict.fromkeys(IMAGE_SUFFIXES, _load_image)}

@@ -203,12 +203,13 @@ def test_picture_preprocessing_exact(tmp_path: Path) -> None:
     pre = Preprocess(mean=(10.0, 20.0, 30.0), scale=(0.5,), color="bgr", resize=(4, 4))
     got = load_sample(tmp_path / "a.png", [spec], pre)["x"]
     # 6 → 4 columns: source x = (j + 0.5) * 1.5 - 0.5 = 0.25, 1.75, 3.25, 4.75; rows unchanged (4 → 4);
-    # then the centre 2x2 crop keeps rows 1..2 and columns 1..2 (x = 1.75, 3.25)
+    # then the centre 2x2 crop keeps rows 1..2 and columns 1..2 (x = 1.75, 3.25); the resize gives uint8 pixels
+    # (OpenCV rounds halves up), as tpu-mlir's cv2.resize does
     src = rgb.astype(np.float64)
     cols = [src[:, 1] * 0.25 + src[:, 2] * 0.75, src[:, 3] * 0.75 + src[:, 4] * 0.25]
-    crop = np.stack(cols, axis=1)[1:3]  # H=2, W=2, C=3 (RGB)
+    crop = np.floor(np.stack(cols, axis=1)[1:3] + 0.5)  # H=2, W=2, C=3 (RGB)
     want = ((crop[..., ::-1] - [10.0, 20.0, 30.0]) * 0.5).transpose(2, 0, 1)[None]
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(got, want)
     assert got.dtype == np.float32 and got.shape == (1, 3, 2, 2)
     nhwc = load_sample(
         tmp_path / "a.png",
@@ -217,7 +218,9 @@ def test_picture_preprocessing_exact(tmp_path: Path) -> None:
     )["x"]
     np.testing.assert_array_equal(nhwc, got.transpose(0, 2, 3, 1))
     gray = image_to_tensor(rgb, InputSpec("x", (1, 1, 4, 6), np.dtype(np.float32)), Preprocess(color="gray"), Path("a"))
-    np.testing.assert_allclose(gray[0, 0], rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114]), atol=1e-4)
+    # OpenCV's BT.601 luma, rounded to uint8
+    np.testing.assert_allclose(gray[0, 0], rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114]), atol=0.5)
+    assert gray.dtype == np.float32 and np.array_equal(gray, np.round(gray))
 
 
 def test_sample_listing_and_npz_without_batch_axis(tmp_path: Path) -> None:

@@ -248,7 +248,10 @@ def test_a_table_calibrated_on_pictures_records_its_preprocessing_and_compare_us
     flags = ["--mean", "127.5", "--scale", "0.0078125", "--color", "bgr"]
     assert cli("calibrate", str(MODEL), "--data", str(pictures), "-o", str(table), "--method", "kl", *flags) == 0
     header = [line for line in table.read_text().splitlines() if line.startswith("# preprocess:")]
-    assert header == ["# preprocess: mean=127.5 scale=0.0078125 color=bgr resize=none layout=nchw"]
+    assert header == [
+        "# preprocess: mean=127.5 scale=0.0078125 color=bgr resize=none layout=nchw keep_aspect_ratio=no "
+        "pad_value=0 pad_type=center"
+    ]
     assert read_table(table).preprocess == header[0].split(": ", 1)[1]
     capsys.readouterr()
     args = ["compare", str(MODEL), "--calib", str(table), "--data", str(pictures), "--json"]

@@ -7,7 +7,8 @@ import numpy as np
 
 from npuc.backends.cv18xx.preprocess import PIXEL_FORMATS, FrameLayout, FrameSpec, frame_layout
 from npuc.compiler.errors import UserError
-from npuc.passes.preprocess import COLOR_ORDERS, Preprocess, resize_bilinear
+from npuc.passes.pictures import COLOR_ORDERS, resize_u8
+from npuc.passes.preprocess import Preprocess
 
 # BT.601 limited range, the inverse of kernels/csc.py's formulas: rows Y, U, V of (R, G, B) gains, then offsets
 RGB_TO_YUV = np.array([[0.257, 0.504, 0.098], [-0.148, -0.291, 0.439], [0.439, -0.368, -0.071]], np.float32)
@@ -46,15 +47,15 @@ def _place(spec: FrameSpec, f: FrameLayout, frame: np.ndarray, n: int, c: int, h
 def picture_frame(rgb: np.ndarray, vendor_name: str, shape: tuple[int, ...], aligned: bool = False,
                   chip: str = "cv181x") -> np.ndarray:  # fmt: skip
     """An HxWx3 RGB picture as the uint8 input of a tensor with this pixel_format, 4-D shape and alignment on
-    `chip`: resized bilinearly (as calibrate resizes) to the frame's size and rounded to uint8, as a camera
-    gives it. Unaligned it has the tensor's shape (a YUV frame fills the start of its NCHW-sized tensor);
+    `chip`: resized to the frame's size as calibrate resizes (OpenCV's uint8 bilinear), as a camera gives it.
+    Unaligned it has the tensor's shape (a YUV frame fills the start of its NCHW-sized tensor);
     aligned it is the tensor's flat bytes."""
     fmt = next((k for k, v in PIXEL_FORMATS.items() if v[0] == vendor_name), None)
     if fmt is None:
         raise UserError(f"input pixel_format {vendor_name!r}: npuc cannot make such a frame from a picture")
     spec = FrameSpec(fmt, aligned, Preprocess())
     n, c, h, w = (shape[0], shape[3], shape[1], shape[2]) if spec.packed else tuple(shape)
-    img = _u8(resize_bilinear(rgb, h, w))
+    img = resize_u8(rgb, h, w)
     f = frame_layout(spec, chip, (n, c, h, w))
     if spec.order == "yuv":
         if n != 1:
@@ -65,7 +66,7 @@ def picture_frame(rgb: np.ndarray, vendor_name: str, shape: tuple[int, ...], ali
         for plane, offset, row in zip(planes, offsets, [f.row, f.chroma_row, f.chroma_row]):
             out[offset : offset + plane.shape[0] * row].reshape(-1, row)[:, : plane.shape[1]] = plane
         return out if aligned else out.reshape(shape)
-    frame = COLOR_ORDERS[spec.order](img.astype(np.float32))
+    frame = COLOR_ORDERS[spec.order](img)
     frame = _u8(frame) if spec.packed else _u8(frame).transpose(2, 0, 1)
     frame = np.ascontiguousarray(np.broadcast_to(frame[None], (n, *frame.shape)))
     return _place(spec, f, frame, n, c, h, w) if aligned else frame

@@ -25,7 +25,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from npuc.compiler.commands.options import Color, Layout, Mean, Resize, Scale, preprocess
+from npuc.compiler.commands.options import Color, KeepAspect, Layout, Mean, PadType, PadValue, Resize, Scale, preprocess
 from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_BUDGET, DEFAULT_MAX_FLOAT_LAYERS
 
 DEFAULT_COMMAND = "run"
@@ -101,6 +101,9 @@ def register(app: typer.Typer) -> None:
         color: Color = "rgb",
         resize: Resize = None,
         layout: Layout = "nchw",
+        keep_aspect_ratio: KeepAspect = False,
+        pad_value: PadValue = 0,
+        pad_type: PadType = "center",
         save_stats_path: Annotated[
             Path | None, typer.Option("--save-stats", help="Also write mergeable statistics.")
         ] = None,
@@ -203,7 +206,7 @@ def register(app: typer.Typer) -> None:
         """
         from npuc import api
 
-        pre = preprocess(mean, scale, color, resize, layout)
+        pre = preprocess(mean, scale, color, resize, layout, keep_aspect_ratio, pad_value, pad_type)
         progress, bar = _progress_factory()
         with bar or nullcontext():
             done = api.calibrate(

@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from npuc.compiler.commands.options import TableColor, TableLayout, TableMean, TableResize, TableScale, preprocess
+from npuc.compiler.commands.options import (
+    TableColor,
+    TableKeepAspect,
+    TableLayout,
+    TableMean,
+    TablePadType,
+    TablePadValue,
+    TableResize,
+    TableScale,
+    preprocess,
+)
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
 
@@ -73,6 +83,9 @@ def register(app: typer.Typer) -> None:
         color: TableColor = None,
         resize: TableResize = None,
         layout: TableLayout = None,
+        keep_aspect_ratio: TableKeepAspect = None,
+        pad_value: TablePadValue = None,
+        pad_type: TablePadType = None,
     ) -> None:
         """Per-output and per-layer agreement of the quantized reference with onnxruntime float.
 
@@ -84,8 +97,10 @@ def register(app: typer.Typer) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             shapes = parse_input_shapes(input_shape or []) or None
-            given = {"mean": mean, "scale": scale, "color": color, "resize": resize, "layout": layout}
-            pre = preprocess(mean or "0", scale or "1", color or "rgb", resize, layout or "nchw")
+            given = {"mean": mean, "scale": scale, "color": color, "resize": resize, "layout": layout,
+                     "keep_aspect_ratio": keep_aspect_ratio, "pad_value": pad_value, "pad_type": pad_type}  # fmt: skip
+            pre = preprocess(mean or "0", scale or "1", color or "rgb", resize, layout or "nchw",
+                             bool(keep_aspect_ratio), pad_value or 0, pad_type or "center")  # fmt: skip
             set_here = [name for name, value in given.items() if value is not None]  # else the table's, if any
             comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes, pre, set_here)
         for warning in caught:  # e.g. table rows naming no tensor of this model: one line each, then go on

@@ -9,7 +9,7 @@ import typer
 
 from npuc.compiler.errors import UserError
 
-from .options import Color, Layout, Mean, Resize, Scale, preprocess
+from .options import Color, KeepAspect, Layout, Mean, PadType, PadValue, Resize, Scale, preprocess
 
 if TYPE_CHECKING:  # numpy and the artifact registry load when a command runs, not for --help
     import numpy as np
@@ -39,7 +39,8 @@ def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, n
     frames = [s for s in specs if s.pixel_format]
     if frames:  # the model preprocesses on its own: feed the picture as the camera frame it takes
         from npuc.backends.cv18xx.frames import picture_frame
-        from npuc.passes.preprocess import Preprocess, decode_image
+        from npuc.passes.pictures import decode_picture
+        from npuc.passes.preprocess import Preprocess
 
         if len(specs) != 1:
             raise UserError(f"{path}: a picture feeds one input; the model has {len(specs)}")
@@ -48,7 +49,8 @@ def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, n
             raise UserError(f"--{name} {ours} is not used: input '{s.name}' takes the {s.pixel_format} camera "
                             "frame and preprocesses it on the TPU; remove it")  # fmt: skip
         aligned = s.aligned_for is not None
-        return {s.name: picture_frame(decode_image(path), s.pixel_format, s.shape, aligned, s.aligned_for or "")}
+        picture = decode_picture(path, gray=s.pixel_format == "GRAYSCALE")  # as calibrate decodes for grey models
+        return {s.name: picture_frame(picture, s.pixel_format, s.shape, aligned, s.aligned_for or "")}
     inputs = [InputSpec(s.name, tuple(s.shape), np.dtype(s.dtype)) for s in specs]
     return load_sample(path, inputs, pre)
 
@@ -114,6 +116,9 @@ def register(app: typer.Typer) -> None:
         color: Color = "rgb",
         resize: Resize = None,
         layout: Layout = "nchw",
+        keep_aspect_ratio: KeepAspect = False,
+        pad_value: PadValue = 0,
+        pad_type: PadType = "center",
         as_json: bool = typer.Option(False, "--json", help="Print the outputs' dtype, shape, min, max, mean as JSON."),
     ) -> None:
         """Run a model on the float reference, or an artifact on npuc's simulator (from its bytes).
@@ -140,7 +145,8 @@ def register(app: typer.Typer) -> None:
         if random_input:
             feeds = _random_feeds(specs, seed)
         elif input.suffix.lower() in IMAGE_SUFFIXES:
-            feeds = _feeds_from_picture(input, specs, preprocess(mean, scale, color, resize, layout))
+            pre = preprocess(mean, scale, color, resize, layout, keep_aspect_ratio, pad_value, pad_type)
+            feeds = _feeds_from_picture(input, specs, pre)
         else:
             feeds = _feeds_from_file(input, specs)
         outputs = kind.run(path, feeds, options)
