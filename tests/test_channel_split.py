@@ -225,3 +225,31 @@ def test_prelu_with_a_slope_along_another_axis_ends_the_run() -> None:
     plan = find_runs(graph)
     assert plan.runs == []
     assert "prelu" in plan.skipped[0][1]
+
+
+@pytest.mark.parametrize(
+    ("family", "why"),
+    [("gemm", "no conv that mixes channels"), ("conv_bn_relu", "no conv starts a channel run (conv_")],
+)
+def test_split_channels_says_when_it_split_nothing(family: str, why: str, tmp_path) -> None:  # noqa: ANN001
+    """`--split-channels K` on a model without a run to split writes the plain table and says why."""
+    import onnx
+
+    import npuc
+    from npuc.frontends.onnx import import_onnx
+    from npuc.models.make_models import make_model
+    from npuc.passes.refinement import side_file
+
+    model = tmp_path / f"{family}.onnx"
+    onnx.save(make_model(family), model)
+    graph = import_onnx(model, None, [])
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        np.savez(data / f"{i}.npz", **{n: rng.standard_normal(graph.shape(n)).astype(np.float32) for n in graph.inputs})
+    table = tmp_path / "t.txt"
+    done = npuc.calibrate(model, [data], table, method="kl", split_channels=3)
+    assert table.is_file() and not side_file(table).exists()
+    (note,) = [n for n in done.notes if n.startswith("--split-channels 3 split nothing")]
+    assert why in note  # (tests/test_onet_refine_cli.py: no such note where runs split)

@@ -60,10 +60,11 @@ def onet(real_model, tmp_path_factory) -> tuple[Path, Path, bytes]:  # noqa: ANN
     ],
     ids=["bias", "weights", "bias-1-sample", "split3", "split3-1-sample"],
 )
-def test_onet_refine_and_split_run_and_build(onet, options: list[str], tmp_path: Path) -> None:  # noqa: ANN001
+def test_onet_refine_and_split_run_and_build(onet, options: list[str], tmp_path: Path, capsys) -> None:  # noqa: ANN001
     model, data, plain_build = onet
     table = tmp_path / "t.txt"
     assert _main(["calibrate", str(model), "--data", str(data), "--method", "kl", *options, "-o", str(table)]) == 0
+    assert "split nothing" not in capsys.readouterr().err
     refinement = load_refinement(side_file(table))
     if "--split-channels" in options:
         assert refinement.groupings  # at least one conv run split into channel groups
