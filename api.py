@@ -369,6 +369,8 @@ def calibrate(
             done.notes.append("--tune, --refine and --split-channels start from KL thresholds (--method auto "
                               "measures plain tables only); give --method to start from another")  # fmt: skip
     done.result = result
+    if split_channels > 1 and fitted and not range_only and result.table is not None and not result.groupings:
+        done.notes.append(steps.unsplit_note(model, shapes, split_channels))
     if samples is not None and result.samples < samples:
         done.notes.append(f"--samples {samples} but only {result.samples} found; used all")
     if result.skipped:  # tensors a converter created: no row in the table

@@ -58,6 +58,26 @@ def check_batchable(model: Path, shapes: dict, options: Any) -> None:
                         "heads); add --refine-samples 1")  # fmt: skip
 
 
+def unsplit_note(model: Path, shapes: dict, k: int) -> str:
+    """What `--split-channels K` tells the user when it split nothing: the runs it found (whose channels fell
+    into one group) or the first reasons it took none."""
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.channel_split import find_runs
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    plan = find_runs(graph)
+    if plan.runs:
+        why = f"the channel peaks of its {len(plan.runs)} run(s) fell into one group each"
+    elif plan.skipped:
+        shown = "; ".join(f"{conv}: {reason}" for conv, reason in plan.skipped[:3])
+        why = f"no conv starts a channel run ({shown}{'; ...' if len(plan.skipped) > 3 else ''})"
+    else:
+        why = "the model has no conv that mixes channels"
+    return f"--split-channels {k} split nothing: {why}; the table is the unsplit one"
+
+
 def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
                     patterns: dict[str, list[str]], options: Any, budget: float,
                     may_fit: str = "") -> AutoCalibration:  # fmt: skip

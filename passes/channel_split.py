@@ -3,9 +3,10 @@
 cv18xx int8 gives every activation tensor one threshold, yet a network's channels can differ in range by
 ~40x inside one tensor. The graph is ours, so a tensor's channels can be split into k groups, each its own
 tensor (and own threshold). A *run* is a chain of per-channel ops: it starts at a conv's output (the conv's
-output channels are sliced: weights and bias), continues through element-wise activations, pools and
-depthwise convs (each repeated per group on its slice of channels), and ends at one conv that mixes channels;
-that conv becomes one partial conv per input group (bias in the first) whose results an eltwise add sums.
+output channels are sliced: weights and bias), continues through element-wise activations, pools, PReLUs
+and depthwise convs (each repeated per group on its slice of channels, slopes, filters), and ends at one conv
+that mixes channels; that conv becomes one partial conv per input group (bias in the first) whose results an
+eltwise add sums.
 A conv that ends one run and starts the next is split both ways: one partial conv per (output group, input
 group) pair. Float semantics are unchanged; in int8 each partial sum costs one more requantization.
 
@@ -65,6 +66,19 @@ def _is_depthwise(graph: Graph, op: Op) -> bool:
     return w is not None and op.attrs.group == channels == w.shape[0] and w.shape[1] == 1 and channels > 1
 
 
+def _channel_slope(graph: Graph, op: Op, channels: int) -> np.ndarray | None:
+    """A PReLU's constant slope as `channels` per-channel values (a single slope repeated), or None when `op` is
+    no such PReLU (another kind, a slope that is not constant or varies along another axis than the channels)."""
+    slope = graph.const(op.inputs[1]) if op.kind == "prelu" and len(op.inputs) == 2 else None
+    rank = len(graph.shape(op.inputs[0]))
+    if slope is None or slope.ndim > rank or rank < 2:
+        return None
+    aligned = (1,) * (rank - slope.ndim) + tuple(slope.shape)  # as numpy broadcasts it against the input
+    if any(d != 1 for i, d in enumerate(aligned) if i != 1) or aligned[1] not in (1, channels):
+        return None
+    return np.broadcast_to(np.asarray(slope, np.float32).reshape(-1), (channels,)).copy()
+
+
 def _is_mixing_conv(graph: Graph, op: Op) -> bool:
     w = graph.const(op.inputs[1]) if op.kind == "conv2d" else None
     biased = len(op.inputs) < 3 or graph.const(op.inputs[2]) is not None
@@ -87,7 +101,11 @@ def find_runs(graph: Graph) -> RunPlan:
                 reason = f"'{tensor}' has {len(readers)} consumers" + (" and is a graph output" * (tensor in outputs))
             elif readers[0].inputs[0] != tensor or tensor in readers[0].inputs[1:]:
                 reason = f"'{tensor}' is not the only data input of '{readers[0].name}'"
-            elif readers[0].kind in PER_CHANNEL_KINDS or _is_depthwise(graph, readers[0]):
+            elif (
+                readers[0].kind in PER_CHANNEL_KINDS
+                or _is_depthwise(graph, readers[0])
+                or _channel_slope(graph, readers[0], graph.shape(tensor)[1]) is not None
+            ):
                 members.append(readers[0])
                 tensor = readers[0].outputs[0]
             elif _is_mixing_conv(graph, readers[0]):
@@ -166,6 +184,11 @@ class _Rewriter:
             if op.kind == "conv2d":
                 inputs += [self.const(f"{n}.g{j}", self.src.const(n)[ch]) for n in op.inputs[1:]]
                 attrs = dataclasses.replace(op.attrs, group=len(ch))
+            elif op.kind == "prelu":  # the group's slopes, shaped (1, C, 1, 1) like its input's channels
+                slope = _channel_slope(self.src, op, self.src.shape(op.inputs[0])[1])
+                shape = [1] * len(self.src.shape(op.inputs[0]))
+                shape[1] = len(ch)
+                inputs.append(self.const(f"{op.inputs[1]}.g{j}", slope[ch].reshape(shape)))
             names.append(self.out.unique_name(f"{op.outputs[0]}.g{j}"))
             self.out.add_op(op.kind, inputs, [names[-1]], attrs, name=f"{op.name}.g{j}")
         self.groups[op.outputs[0]] = names

@@ -184,3 +184,72 @@ def test_each_group_chain_is_contiguous() -> None:
     assert [n for n in chain if not n.startswith(run.start.name)] == [
         f"{m.name}.g{j}" for j in (0, 1) for m in run.members
     ]
+
+
+def _prelu_graph(slope_shape: tuple[int, ...]):  # noqa: ANN202
+    """conv -> PReLU(slope of `slope_shape`) -> max pool -> conv, as in MTCNN; channels 1x .. 100x apart."""
+    b = NetBuilder("prelu_split", np.random.default_rng(5))
+    slope = np.linspace(0.05, 0.8, int(np.prod(slope_shape)), dtype=np.float32).reshape(slope_shape)
+    x = b.op("PRelu", b.conv("input", 3, C, k=3), b.const("slope", slope))
+    x = b.op("MaxPool", x, kernel_shape=[2, 2], strides=[2, 2])
+    graph = import_model(b.build({"input": (1, 3, 12, 12)}, {"output": b.conv(x, C, 4, k=1)}, opset=14))
+    canonicalize(graph)
+    first = next(op for op in graph.ops if op.kind == "conv2d")
+    w = graph.tensors[first.inputs[1]]
+    w.data = w.data * np.logspace(0, 2, C, dtype=np.float32).reshape(-1, 1, 1, 1)
+    return graph
+
+
+@pytest.mark.parametrize("slope_shape", [(C, 1, 1), (1, C, 1, 1), (1,)])
+def test_prelu_joins_a_run_with_its_slopes_sliced(slope_shape: tuple[int, ...]) -> None:
+    """A PReLU is per-channel (MTCNN's conv -> PReLU -> pool -> conv): it joins the run and each group's copy
+    gets its channels' slopes; the split graph computes what the original does."""
+    graph = _prelu_graph(slope_shape)
+    plan = find_runs(graph)
+    assert [[m.kind for m in r.members] for r in plan.runs] == [["prelu", "pool2d"]]
+    split = split_channel_groups(graph, _geometric_peaks(graph), 2)
+    prelus = [op for op in split.ops if op.kind == "prelu"]
+    assert len(prelus) == 2
+    (original,) = (op for op in graph.ops if op.kind == "prelu")
+    slopes = np.broadcast_to(graph.const(original.inputs[1]).reshape(-1), (C,))
+    np.testing.assert_array_equal(split.const(prelus[0].inputs[1]).ravel(), slopes[:4])
+    np.testing.assert_array_equal(split.const(prelus[1].inputs[1]).ravel(), slopes[4:])
+    assert split.const(prelus[0].inputs[1]).shape == (1, 4, 1, 1)
+    for feed in _feeds(3):
+        ref, got = run(graph, feed)["output"], run(split, feed)["output"]
+        assert np.abs(ref - got).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_prelu_with_a_slope_along_another_axis_ends_the_run() -> None:
+    graph = _prelu_graph((1, 1, 1, 12))  # one slope per column: not a per-channel op
+    plan = find_runs(graph)
+    assert plan.runs == []
+    assert "prelu" in plan.skipped[0][1]
+
+
+@pytest.mark.parametrize(
+    ("family", "why"),
+    [("gemm", "no conv that mixes channels"), ("conv_bn_relu", "no conv starts a channel run (conv_")],
+)
+def test_split_channels_says_when_it_split_nothing(family: str, why: str, tmp_path) -> None:  # noqa: ANN001
+    """`--split-channels K` on a model without a run to split writes the plain table and says why."""
+    import onnx
+
+    import npuc
+    from npuc.frontends.onnx import import_onnx
+    from npuc.models.make_models import make_model
+    from npuc.passes.refinement import side_file
+
+    model = tmp_path / f"{family}.onnx"
+    onnx.save(make_model(family), model)
+    graph = import_onnx(model, None, [])
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        np.savez(data / f"{i}.npz", **{n: rng.standard_normal(graph.shape(n)).astype(np.float32) for n in graph.inputs})
+    table = tmp_path / "t.txt"
+    done = npuc.calibrate(model, [data], table, method="kl", split_channels=3)
+    assert table.is_file() and not side_file(table).exists()
+    (note,) = [n for n in done.notes if n.startswith("--split-channels 3 split nothing")]
+    assert why in note  # (tests/test_onet_refine_cli.py: no such note where runs split)

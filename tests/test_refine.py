@@ -303,7 +303,7 @@ def test_views_resample_and_tone() -> None:
 
 def test_refine_and_split_on_a_model_fed_nhwc(real_model, tmp_path) -> None:
     """MTCNN O-Net takes NHWC pictures (its input transpose is absorbed): the batched refinement and channel
-    split runs see the samples in the graph's NCHW layout, as single runs do."""
+    split runs see the samples in the graph's NCHW layout, as single runs do, and its PReLU runs split."""
     from npuc.models.images import model_inputs
     from npuc.passes.calibrate import CalibrationOptions, calibrate
 
@@ -315,7 +315,14 @@ def test_refine_and_split_on_a_model_fed_nhwc(real_model, tmp_path) -> None:
     refined = calibrate(model, paths, options=CalibrationOptions(refine="weights", refine_samples=6))
     assert refined.refinement is not None and refined.refinement.constants
     split = calibrate(model, paths, options=CalibrationOptions(split_channels=3, refine_samples=6))
-    assert split.table is not None and set(split.table.thresholds()) >= set(refined.table.thresholds())
+    # the three conv -> PReLU -> max pool -> conv runs split; the tensors they replace give way to their groups'
+    assert sorted(split.groupings) == ["conv2d_10", "conv2d_8", "conv2d_9"]
+    rows, unsplit = set(split.table.thresholds()), set(refined.table.thresholds())
+    replaced = {f"convolution_output{i}_Conv" for i in (1, 2, 3)}
+    replaced |= {f"p_re_lu_{i}/add:0_{kind}" for i in (7, 8, 9) for kind in ("PRelu", "pooling0_MaxPool")}
+    assert unsplit - rows == replaced
+    assert {f"p_re_lu_7/add:0.g{j}" for j in range(3)} <= rows
+    assert unsplit - replaced <= rows  # every other tensor keeps its row
 
 
 def test_refine_on_a_sequence_first_rnn_refuses_up_front_with_a_fix_that_works(real_model, tmp_path) -> None:

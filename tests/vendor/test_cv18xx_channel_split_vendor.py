@@ -90,3 +90,34 @@ def test_split_channels_calibrate_build_run(tmp_path: Path) -> None:
     onnx.save(b.build({"input": (1, 3, 24, 24)}, {"output": b.conv("input", 3, 8)}), other)
     assert _main(["build", str(other), "--target", "cv18xx", "--calib", str(table), "-o", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+
+
+def test_onet_prelu_runs_split_and_run_bit_exactly(real_model, tmp_path: Path) -> None:  # noqa: ANN001
+    """MTCNN O-Net's conv -> PReLU -> max pool -> conv runs split (each group's PReLU with its channels' slopes):
+    the int8 cvimodel equals the vendor simulator and npuc's int8 reference of the split graph."""
+    from npuc.models.images import face_crops, model_inputs, preprocess
+
+    model = real_model("mtcnn_onet")
+    (tmp_path / "samples").mkdir()
+    for i, feed in enumerate(model_inputs("mtcnn_onet", 8)):
+        np.savez(tmp_path / "samples" / f"{i}.npz", **feed)
+    table = tmp_path / "onet.cali"
+    assert _main(["calibrate", str(model), "--data", str(tmp_path / "samples"), "--method", "kl",
+                  "--split-channels", "3", "-o", str(table)]) == 0  # fmt: skip
+    refinement = load_refinement(side_file(table))
+    assert sorted(refinement.groupings) == ["conv2d_10", "conv2d_8", "conv2d_9"]
+    out = tmp_path / "onet.cvimodel"
+    assert _main(["build", str(model), "--target", "cv18xx", "--chip", "cv183x", "--calib", str(table),
+                  "--quant-output", "-o", str(out)]) == 0  # fmt: skip
+    graph = apply_refinement(float_graph(model), refinement)
+    assert sum(op.kind == "prelu" for op in graph.ops) > 5  # 5 before the split
+    qgraph = quantize(copy.deepcopy(graph), read_table(table), "cv18xx_int8")
+    cvimodel = read_cvimodel(out)
+    for crop in face_crops()[16:18]:
+        feeds = {"input_3": preprocess(crop, "mtcnn_onet")}
+        ours, vendor = run_cvimodel(cvimodel, feeds), run_vendor(out, feeds)
+        reference = run(qgraph, feeds, keep_all=True, kernels=QUANT_KERNELS)
+        for name, value in ours.items():
+            assert np.array_equal(value.view(np.uint8), vendor[name].reshape(value.shape).view(np.uint8)), name
+            if value.dtype == np.int8:
+                assert np.array_equal(value.ravel(), reference[name].ravel()), name
