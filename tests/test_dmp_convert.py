@@ -161,10 +161,15 @@ CLI_CASES = [
         np.tile((PIXELS - 127.5) / 128, (3, 1)),
         0,
     ),
-]
+    # --input-dtype uint8, as on cv18xx: the camera's pixels in, --mean/--scale/--color applied by the table
+    (["--input-dtype", "uint8", "--mean", "127.5", "--scale", "0.0078125", "--color", "bgr"],
+     np.tile((PIXELS - 127.5) / 128, (3, 1)), 1),
+    (["--input-dtype", "uint8"], np.broadcast_to(FORMULAS["direct"], (3, 256)), 0),
+]  # fmt: skip
+CLI_IDS = ["named", "bgr", "direct", "mean_scale", "one_mean", "uint8_mean_scale", "uint8"]
 
 
-@pytest.mark.parametrize("args,rows,to_bgr", CLI_CASES, ids=["named", "bgr", "direct", "mean_scale", "one_mean"])
+@pytest.mark.parametrize("args,rows,to_bgr", CLI_CASES, ids=CLI_IDS)
 def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.ndarray, to_bgr: int) -> None:
     """`npuc build --target dmp --mean/--scale/--color/--convert`: the conv v1 table is the policy's formula."""
     from npuc.compiler.cli import main
@@ -186,8 +191,9 @@ def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.n
 
 @pytest.mark.parametrize(
     "args",
-    [["--mean", "1,x"], ["--convert", "div_255", "--mean", "3"], ["--color", "bgr"], ["--convert", "div_256"]],
-)
+    [["--mean", "1,x"], ["--convert", "div_255", "--mean", "3"], ["--color", "bgr"], ["--convert", "div_256"],
+     ["--input-dtype", "uint8", "--convert", "none"], ["--input-dtype", "int8"]],
+)  # fmt: skip
 def test_cli_flag_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
     from npuc.compiler.cli import main
     from npuc.models.make_models import make_all

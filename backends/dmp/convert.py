@@ -46,8 +46,15 @@ def input_convert(options: dict[str, Any]) -> dict[str, Any]:
     if "convert" in options and "input_convert" in options and options["convert"] != options["input_convert"]:
         raise UserError("options convert and input_convert disagree; give only convert=POLICY")
     custom = [k for k in ("mean", "scale") if k in options]
-    default = "mean_scale" if custom else "none"  # --mean/--scale alone describe the mean_scale policy
+    dtype = options.get("input_dtype")
+    if dtype not in (None, "uint8", "float16"):
+        raise UserError(f"--input-dtype {dtype} is not a DMP input; use uint8 (pixels through the u8->fp16 table) or "
+                        "leave it out (fp16 input)")  # fmt: skip
+    # --mean/--scale (or --input-dtype uint8, the tpu-mlir spelling) describe the mean_scale policy
+    default = "mean_scale" if custom or dtype == "uint8" else "none"
     policy = options.get("convert", options.get("input_convert", default))
+    if dtype == "float16" and policy != "none" or dtype == "uint8" and policy == "none":
+        raise UserError(f"--input-dtype {dtype} contradicts convert={policy}; keep one")
     if policy not in CHOICES:
         raise UserError(f"option convert='{policy}' is not a DMP convert policy; choose one of {', '.join(CHOICES)}")
     color = options.get("color", "rgb")

@@ -7,7 +7,8 @@ Options read from `request.options` (all optional; `npuc build --option KEY=VALU
   "none" (fp16 input, the default), "div_255" (x/255), "minus_128" (x-128), "minus_128_div_128"
   ((x-128)/128), "minus_127_5_div_128" ((x-127.5)/128), "direct" (x), or "mean_scale" ((x-mean)*scale);
 - `mean`, `scale`: one or three numbers (`npuc build --mean/--scale`); given without `convert` they select
-  "mean_scale"; the named policies fix their own formula. `color` (`--color`): "rgb" (default) or "bgr"
+  "mean_scale", as `--input-dtype uint8` does (the camera's pixels in, as on cv18xx); the named policies fix
+  their own formula. `color` (`--color`): "rgb" (default) or "bgr"
   (sets to_bgr: the table is applied to the channels in reverse order);
 - `transpose_weight` (default true, as the convertor's .ini): kernels stored with kx and ky exchanged and the
   commands marked so (`is_weight_transposed`, input_circular_offset 0x8000); false gives the other layout;
@@ -97,6 +98,7 @@ register_target(
             "color",
             "convert",
             "input_convert",
+            "input_dtype",
             "ub_size",
             "svn_version",
             "transpose_weight",
