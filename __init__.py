@@ -1,6 +1,6 @@
 """npuc: a multi-target NPU model compiler (ONNX in, vendor NPU artifact out).
 
-The Python API (api.py) is available from the package: `npuc.build`, `npuc.inspect`, `npuc.run`,
+The Python API (api/) is available from the package: `npuc.build`, `npuc.inspect`, `npuc.run`,
 `npuc.check` (which ops a target cannot run), `npuc.calibrate` / `npuc.merge_calibration`; bad input
 raises `npuc.UserError`. It is imported on first use, so `import npuc` stays cheap.
 """

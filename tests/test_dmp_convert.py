@@ -134,7 +134,7 @@ def test_more_than_three_channels_rejected(tmp_path: Path) -> None:
 
 def test_cli_option(tmp_path: Path) -> None:
     """`npuc build ... --option convert=minus_128_div_128` reaches the target; a bad policy exits with 2."""
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
     from npuc.models.make_models import make_all
 
     model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]
@@ -167,7 +167,7 @@ CLI_CASES = [
 @pytest.mark.parametrize("args,rows,to_bgr", CLI_CASES, ids=["named", "bgr", "direct", "mean_scale", "one_mean"])
 def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.ndarray, to_bgr: int) -> None:
     """`npuc build --target dmp --mean/--scale/--color/--convert`: the conv v1 table is the policy's formula."""
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
     from npuc.models.make_models import make_all
 
     model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]
@@ -189,7 +189,7 @@ def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.n
     [["--mean", "1,x"], ["--convert", "div_255", "--mean", "3"], ["--color", "bgr"], ["--convert", "div_256"]],
 )
 def test_cli_flag_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
     from npuc.models.make_models import make_all
 
     model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]

@@ -1,4 +1,4 @@
-"""The float patterns calibration applies by default (passes/float_patterns.py), as tpu-mlir's pattern-match
+"""The float patterns calibration applies by default (passes/calibration/float_patterns.py), as tpu-mlir's pattern-match
 qtable does: a detector's decode stays bf16, and the default calibrate -> build of YOLOv8n reaches the float
 model where plain int8 does not."""
 
@@ -17,9 +17,9 @@ from npuc import api
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.float_patterns import detection_decode, pattern_layers
-from npuc.passes.qtable import beside, read_qtable
+from npuc.passes.calibration.float_patterns import detection_decode, pattern_layers
+from npuc.passes.calibration.qtable import beside, read_qtable
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 
 def _graph(path: Path, name: str):  # noqa: ANN202

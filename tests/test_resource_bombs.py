@@ -31,7 +31,7 @@ pages = int(open('/proc/self/statm').read().split()[0])
 cap = pages * os.sysconf('SC_PAGE_SIZE') + {memory}
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 main(sys.argv[1:])
 """
 
