@@ -113,9 +113,9 @@ def register(app: typer.Typer) -> None:
             options["layer_group"] = False
         if opt is not None:
             options["opt"] = opt
-        from npuc import api
+        from npuc.api import building
 
-        result = api.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
+        result = building.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
                            input_shapes=input_shape, options=options, config=config, depfile=depfile,
                            qtable=qtable, recalibrate=recalibrate)  # fmt: skip
         if as_json:

@@ -201,12 +201,12 @@ def register(app: typer.Typer) -> None:
 
         Example: npuc calibrate model.onnx --data photos/ --mean 123.675,116.28,103.53 --scale 0.0171 -o t.cali_table
         """
-        from npuc import api
+        from npuc.api import calibration
 
         pre = preprocess(mean, scale, color, resize, layout)
         progress, bar = _progress_factory()
         with bar or nullcontext():
-            done = api.calibrate(
+            done = calibration.calibrate(
                 model, data, output, method=method, percentile=percentile, batch=batch, bins=bins, tune=tune,
                 refine=refine, refine_samples=refine_samples, split_channels=split_channels, preprocess=pre,
                 input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
@@ -240,8 +240,8 @@ def register(app: typer.Typer) -> None:
 
         Example: npuc calibrate merge shard0.npz shard1.npz -o model.cali_table
         """
-        from npuc import api
+        from npuc.api import calibration
 
-        api.merge_calibration(stats, output, save_stats=save_stats_path, method=method, percentile=percentile)
+        calibration.merge_calibration(stats, output, save_stats=save_stats_path, method=method, percentile=percentile)
 
     app.add_typer(group, name="calibrate")

@@ -63,17 +63,17 @@ def register(app: typer.Typer) -> None:
 
         Example: npuc inspect model.onnx --target all   (every op each target cannot run, before calibrating)
         """
-        from npuc import api
+        from npuc.api import inspection
 
         if target is None and (quant is not None or chip is not None or as_json):
             raise UserError("--quant, --chip and --json go with --target T; add it or drop them")
         if as_json:
             import json
 
-            found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
+            found = inspection.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
             typer.echo(json.dumps(coverage_record(path, found), indent=2))
             return
-        typer.echo(api.inspect(path, disasm=disasm, input_shapes=input_shape))
+        typer.echo(inspection.inspect(path, disasm=disasm, input_shapes=input_shape))
         if target is not None:
-            found = api.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
+            found = inspection.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
             typer.echo(coverage_report(found, found.op_count))

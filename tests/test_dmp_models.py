@@ -233,12 +233,12 @@ def test_yolov8n_builds_and_runs(real_model, tmp_path: Path, capsys) -> None:
     """YOLOv8n (SiLU, C2f splits, SPPF, DFL decode) through the CLI: every op runs (inspect), the build notes
     the CPU custom layers with their count, the C++ compiles, and `npuc run` on real pictures matches
     onnxruntime."""
-    from npuc import api
+    import npuc
     from npuc.cli.app import main
 
     path = real_model("yolov8n_320")
     shape = "images:1,3,320,320"
-    found = api.check(path, "dmp", quant="fp16", input_shapes={"images": (1, 3, 320, 320)})
+    found = npuc.check(path, "dmp", quant="fp16", input_shapes={"images": (1, 3, 320, 320)})
     assert found["dmp", "fp16"] == []
     out = tmp_path / "yolo"
     with pytest.raises(SystemExit) as info:

@@ -1,6 +1,6 @@
-"""What `npuc calibrate` does around the statistics pass (api.calibrate calls these): the `--method auto` flow
-(its sample split, the method and per-tensor choices, the closing report), the files written beside the table
-(the qtable of float patterns and --target-cos, BMNet's table) and the depfile."""
+"""What `npuc calibrate` does around the statistics pass (api/calibration.py calls these): the `--method auto`
+flow (its sample split, the method and per-tensor choices, the closing report), the qtable written beside the
+table (float patterns and --target-cos) and the depfile. BMNet's table: backends/bm1880/export_table.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`npuc calibrate`'s default threshold method: the one whose table gives the network's best output.
 
 Every method's thresholds come from the same statistics — those of all calibration samples but every fifth
-(api._calibrate_auto) —; each table is then measured the way the build will use it — the cv18xx int8 scheme
-simulated by npuc's quantized reference, the layers the float patterns keep in bf16 kept — against
+(calibration_run.calibrate_auto) —; each table is then measured the way the build will use it — the cv18xx int8
+scheme simulated by npuc's quantized reference, the layers the float patterns keep in bf16 kept — against
 onnxruntime on the samples set apart, which no threshold saw, and the best worst-output cosine wins (ties keep
 the earlier method of AUTO_METHODS, KL first as tpu-mlir's default).
 
