@@ -1,6 +1,6 @@
 """npuc: a multi-target NPU model compiler (ONNX in, vendor NPU artifact out).
 
-The Python API (api.py) is available from the package: `npuc.build`, `npuc.inspect`, `npuc.run`,
+The Python API (api/) is available from the package: `npuc.build`, `npuc.inspect`, `npuc.run`,
 `npuc.check` (which ops a target cannot run), `npuc.calibrate` / `npuc.merge_calibration`; bad input
 raises `npuc.UserError`. It is imported on first use, so `import npuc` stays cheap.
 """
@@ -11,10 +11,18 @@ __all__ = ["UserError", "__version__", "build", "calibrate", "check", "inspect",
 
 
 def __getattr__(name: str):
-    if name in ("build", "calibrate", "check", "inspect", "merge_calibration", "run"):
-        from npuc import api
+    if name == "build":
+        from npuc.api import building
 
-        return getattr(api, name)
+        return building.build
+    if name in ("calibrate", "merge_calibration"):
+        from npuc.api import calibration
+
+        return getattr(calibration, name)
+    if name in ("check", "inspect", "run"):
+        from npuc.api import inspection
+
+        return getattr(inspection, name)
     if name == "UserError":
         from npuc.compiler.errors import UserError
 

@@ -1,3 +1,3 @@
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 
 main()

@@ -13,14 +13,14 @@ on the same data.
 
 Then what npuc can put into the same cv18xx int8 format, each fitted on the calibration pictures only
 (`METHODS`; all evaluated by the int8 reference interpreter): 1. a threshold search against the network's
-result (passes/threshold_search.py: coordinate descent, 5 candidates from KL to absmax per tensor, on every
-second calibration picture); 2. bias correction; 3. weight reconstruction (passes/refine.py: per layer, ridge
-least squares from the quantized upstream activations to the float output, sequential); 1 + 3; 4. rounding-aware
-reconstruction (refine method "gptq", passes/gptq.py: the refitted weights placed on their int8 grid row by row,
-each row's rounding error pushed onto the rows not yet placed through the layer's Hessian, clip ratio per
+result (passes/calibration/threshold_search.py: coordinate descent, 5 candidates from KL to absmax per tensor, on every
+second calibration picture); 2. bias correction; 3. weight reconstruction (passes/calibration/refine.py: per layer,
+ridge least squares from the quantized upstream activations to the float output, sequential); 1 + 3; 4. rounding-aware
+reconstruction (refine method "gptq", passes/calibration/gptq.py: the refitted weights placed on their int8 grid row by
+row, each row's rounding error pushed onto the rows not yet placed through the layer's Hessian, clip ratio per
 channel from 6 candidates); 5. methods 3 and 4 fitted on more views of the calibration pictures ("+views",
-passes/augment.py: 4 crops / rescales with contrast or brightness changes of each mirrored picture, 5x the
-samples); 6. k = 2 or 3 channel groups (passes/channel_split.py, see the last paragraph), alone, then with
+passes/calibration/augment.py: 4 crops / rescales with contrast or brightness changes of each mirrored picture, 5x the
+samples); 6. k = 2 or 3 channel groups (passes/calibration/channel_split.py, see the last paragraph), alone, then with
 tpu-mlir's tune step run on the split IR graph ("+ tune", `tuned`: the first 5 calibration pictures, absmax
 over all of them), then weight reconstruction on either. "kl + tune" and "kl + tune + weight reconstruction"
 are the same tune step on the unsplit IR (0.963, as the table-level "kl, tune 5" row's 0.962).
@@ -78,8 +78,8 @@ across layers (cross-layer equalisation needs a positively homogeneous activatio
 What the per-tensor grid costs, and how channel groups recover it within the format. --diagnose (float
 simulation on the tuned table): per-channel thresholds coarsened to k groups per tensor (`channel_groups`)
 give 0.988 / 0.87 (k = 2), 0.993 / 0.94 (k = 3), 0.992 / 0.90 (k = 4), against 0.966 per tensor and 0.994 per
-channel. passes/channel_split.py makes it a float-graph rewrite (float output unchanged to ~1e-7): each run of
-per-channel ops — 11 of PP-LCNet's conv -> hardswish -> depthwise -> hardswish chains and the 1x1 pair inside
+channel. passes/calibration/channel_split.py makes it a float-graph rewrite (float output unchanged to ~1e-7): each run
+of per-channel ops — 11 of PP-LCNet's conv -> hardswish -> depthwise -> hardswish chains and the 1x1 pair inside
 each of the two SE blocks — becomes k group tensors with their own int8 thresholds, and the channel-mixing
 conv after it one partial conv per group summed by an int8 eltwise add (a conv between two runs: k x k partial
 convs, k adds). Skipped: the runs through the last two depthwise convs (two consumers: an SE block), the SE
@@ -220,7 +220,7 @@ def fp32_outputs(model: Path, feeds: Sequence[dict[str, np.ndarray]]) -> np.ndar
 def npuc_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path, tune: int = 0):  # noqa: ANN201
     """npuc's KL table (a CalibrationTable) over the calibration feeds (saved as .npz samples, as a user
     would), tuned on the first `tune` of them like tpu-mlir's run_calibration."""
-    from npuc.passes.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
 
     folder.mkdir(parents=True, exist_ok=True)
     for i, feed in enumerate(calib):
@@ -233,9 +233,9 @@ def default_table(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: P
     search and its fitted candidate, --target-cos 0.99 on the report samples): (table, the qtable's bf16
     layers, the side file's Refinement or None) — what `npuc build --calib T` reads."""
     import npuc
-    from npuc.passes.calitable import read_table
-    from npuc.passes.qtable import beside, read_qtable
-    from npuc.passes.refinement import load_refinement, side_file
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.qtable import beside, read_qtable
+    from npuc.passes.calibration.refinement import load_refinement, side_file
 
     folder.mkdir(parents=True, exist_ok=True)
     for i, feed in enumerate(calib):
@@ -251,13 +251,13 @@ CLI_SPLIT = 3  # the product path's --split-channels
 
 def calibrate_cli_path(model: Path, calib: Sequence[dict[str, np.ndarray]], folder: Path):  # noqa: ANN201
     """What a user runs, as one call: `npuc calibrate MODEL --data DIR -o T --split-channels 3 --tune 5
-    --refine weights` (passes.calibrate.calibrate), then what `npuc build --calib T` quantizes: the canonicalized
-    model with the side file applied (the split, then the refitted constants). (graph, ThresholdMap)."""
+    --refine weights` (passes.calibration.calibrate.calibrate), then what `npuc build --calib T` quantizes: the
+    canonicalized model with the side file applied (the split, then the refitted constants). (graph, ThresholdMap)."""
     from npuc.frontends.onnx import import_model, load_model
-    from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.quantize import thresholds_for_graph
-    from npuc.passes.refinement import Refinement, apply_refinement
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, tensor_table_names
+    from npuc.passes.calibration.refinement import Refinement, apply_refinement
+    from npuc.passes.quantization.quantize import thresholds_for_graph
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     folder.mkdir(parents=True, exist_ok=True)
     for i, feed in enumerate(calib):
@@ -281,8 +281,8 @@ def npuc_int8_outputs(
     file's `refinement` makes)."""
     from npuc.compiler.interp import run
     from npuc.compiler.kernels.quantized import QUANT_KERNELS
-    from npuc.passes.compare import Comparison
-    from npuc.passes.quantize import quantize
+    from npuc.passes.calibration.compare import Comparison
+    from npuc.passes.quantization.quantize import quantize
 
     comparison = Comparison(model, table, feeds[:1], "cv18xx_int8", refinement=refinement)
     qgraph = quantize(comparison.graph, comparison.thresholds, "cv18xx_int8", comparison.float_names(float_layers))
@@ -328,9 +328,9 @@ def ort_int8_outputs(
 def float_ir(model: Path, table):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
     """The canonicalized float IR of `model` and the table's thresholds on its tensors."""
     from npuc.frontends.onnx import import_model, load_model
-    from npuc.passes.calibrate import tensor_table_names
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.quantize import thresholds_for_graph
+    from npuc.passes.calibration.calibrate import tensor_table_names
+    from npuc.passes.quantization.quantize import thresholds_for_graph
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     source = load_model(model)
     graph = import_model(source)
@@ -342,18 +342,18 @@ def graph_int8_outputs(graph, thresholds, feeds: Sequence[dict[str, np.ndarray]]
     """The cv18xx int8 reference interpreter's outputs for a float IR graph (refined or not) and a ThresholdMap."""
     from npuc.compiler.interp import run
     from npuc.compiler.kernels.quantized import QUANT_KERNELS
-    from npuc.passes.quantize import quantize
+    from npuc.passes.quantization.quantize import quantize
 
     qgraph = quantize(graph, thresholds, "cv18xx_int8")
     return np.concatenate([run(qgraph, feed, kernels=QUANT_KERNELS)[graph.outputs[0]] for feed in feeds])
 
 
 def searched(graph, thresholds, calib):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
-    """Method 1: thresholds from the global-objective search (passes/threshold_search.py), run on every
+    """Method 1: thresholds from the global-objective search (passes/calibration/threshold_search.py), run on every
     second calibration picture to bound its time."""
     import copy
 
-    from npuc.passes.threshold_search import search_thresholds
+    from npuc.passes.calibration.threshold_search import search_thresholds
 
     result = search_thresholds(graph, thresholds.thresholds, calib[::2])
     out = copy.deepcopy(thresholds)
@@ -362,20 +362,21 @@ def searched(graph, thresholds, calib):  # noqa: ANN001, ANN201 - (Graph, Thresh
 
 
 def refined(graph, thresholds, calib, method: str):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
-    """Methods 2 and 3: bias correction or weight reconstruction (passes/refine.py) on the calibration pictures."""
-    from npuc.passes.refine import refine_weights
+    """Methods 2 and 3: bias correction or weight reconstruction (passes/calibration/refine.py) on the calibration
+    pictures."""
+    from npuc.passes.calibration.refine import refine_weights
 
     return refine_weights(graph, thresholds.thresholds, calib, method).apply(graph), thresholds
 
 
 def channel_split(graph, thresholds, calib, k: int):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
-    """Method 6: each run of per-channel ops split into k channel groups (passes/channel_split.py; the
+    """Method 6: each run of per-channel ops split into k channel groups (passes/calibration/channel_split.py; the
     grouping from per-channel peaks over the calibration pictures). A group tensor's threshold is min(the
     table's threshold of the tensor it came from, the group's largest channel peak), as `diagnose` coarsens
     per-channel thresholds; the partial conv sums are calibrated by KL on a float run of the split graph."""
     import copy
 
-    from npuc.passes.channel_split import channel_peaks, group_thresholds, kl_thresholds, split_runs
+    from npuc.passes.calibration.channel_split import channel_peaks, group_thresholds, kl_thresholds, split_runs
 
     split = split_runs(graph, channel_peaks(graph, calib), k)
     out = copy.deepcopy(thresholds)
@@ -386,12 +387,12 @@ def channel_split(graph, thresholds, calib, k: int):  # noqa: ANN001, ANN201 - (
 
 
 def tuned(graph, thresholds, calib):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
-    """tpu-mlir's tune step (passes/tune.py) on an IR graph's thresholds, on the first TUNE_SAMPLES calibration
-    pictures, the absmax (its upper bound) from a float run over all of them."""
+    """tpu-mlir's tune step (passes/calibration/tune.py) on an IR graph's thresholds, on the first TUNE_SAMPLES
+    calibration pictures, the absmax (its upper bound) from a float run over all of them."""
     import copy
 
-    from npuc.passes.qsim import activation_peaks, stack_feeds
-    from npuc.passes.tune import SimpleTuner
+    from npuc.passes.calibration.tune import SimpleTuner
+    from npuc.passes.quantization.qsim import activation_peaks, stack_feeds
 
     absmax = activation_peaks(graph, stack_feeds(calib))
     out = copy.deepcopy(thresholds)
@@ -444,10 +445,10 @@ def apply_method(label: str, graph, thresholds, calib, done: dict) -> tuple:  # 
 
 
 def diagnose(model: Path, table, calib, feeds, ref: np.ndarray) -> list[Accuracy]:  # noqa: ANN001
-    """Where the int8 error comes from: the scheme simulated in float (passes/qsim.py) with per-tensor
+    """Where the int8 error comes from: the scheme simulated in float (passes/quantization/qsim.py) with per-tensor
     activation thresholds (integer arithmetic ruled out), and with per-channel ones, min(threshold, channel
     absmax over the calibration pictures) — which cv18xx int8 cannot express."""
-    from npuc.passes.qsim import Simulator, stack_feeds
+    from npuc.passes.quantization.qsim import Simulator, stack_feeds
 
     graph, thresholds = float_ir(model, table)
     thresholds = thresholds.thresholds
@@ -569,7 +570,7 @@ def measure(
         if diagnosis:
             rows += diagnose(model, table, calib, feeds, ref)
         if mixed is not None:
-            from npuc.passes.compare import Comparison, auto_mixed
+            from npuc.passes.calibration.compare import Comparison, auto_mixed
 
             chosen = auto_mixed(Comparison(model, table, feeds[::4], "cv18xx_int8"), mixed, max_float)
             got = npuc_int8_outputs(model, table, feeds, chosen.float_layers)

@@ -26,8 +26,8 @@ from npuc.backends.bm1880.quantize import load_thresholds
 from npuc.backends.bm1880.sim import run_bmodel
 from npuc.compiler.ir import Graph
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.calibrate import max_abs_thresholds
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.calibration.calibrate import max_abs_thresholds
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 OPTS = ("none", "layer-group", "layer-group-weight")
 GOLDEN_BM1880 = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "bm1880"

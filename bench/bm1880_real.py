@@ -25,7 +25,7 @@ from npuc.backends.bm1880.container import load_bmodel
 from npuc.backends.bm1880.sim import run_bmodel
 from npuc.models.fetch import fetch_model
 from npuc.models.images import model_inputs
-from npuc.passes.qsim import output_cosines
+from npuc.passes.quantization.qsim import output_cosines
 
 # model -> (input shape, the float tensor the bmodel's output is: the logits before the host's softmax)
 MODELS = {

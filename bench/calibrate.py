@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/calibrate.py [--method kl] [--batch 1] [--counts 20,200] [--jobs 1,2]
 
-Each count runs once per `--jobs` value (worker processes, passes/shards.py); the speed-up of the largest
+Each count runs once per `--jobs` value (worker processes, passes/calibration/shards.py); the speed-up of the largest
 worker count over one process is printed per count. Peak RSS is the driver's and, separately, the largest
 worker's.
 Each sample count runs in a fresh process so its peak RSS (getrusage ru_maxrss) is its own. The samples are
@@ -43,7 +43,7 @@ def make_samples(folder: Path, count: int, shape: tuple[int, ...]) -> None:
 
 def run_one(model: Path, data: Path, count: int, method: str, batch: int, jobs: int) -> dict:
     """Calibrate in this process (and its workers) and report samples/s and peak RSS."""
-    from npuc.passes.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
 
     start = time.perf_counter()
     options = CalibrationOptions(method=method, batch=batch)

@@ -46,8 +46,8 @@ def _calibrate_resnet(folder: Path, count: int) -> tuple[Path, Path]:
 
     from npuc.models.images import IMAGENET_MEAN, IMAGENET_STD, load_image, normalize, resize, to_layout
     from npuc.models.make_models import make_all
-    from npuc.passes.calibrate import CalibrationOptions, calibrate
-    from npuc.passes.calitable import write_table
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calitable import write_table
 
     model = make_all(folder, ["resnet18_224"])["resnet18_224"]
     samples = folder / "samples"
@@ -65,7 +65,7 @@ def _build_once(model: Path, table: Path, chip: str, options: dict) -> tuple[flo
     from npuc.backends.cv18xx.build import compile_cvimodel
     from npuc.compiler.targets import BuildRequest
     from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     graph = import_onnx(model, None, [])  # not timed: the model import
     start = time.perf_counter()

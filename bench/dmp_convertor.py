@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from npuc import api
+import npuc
 from npuc.backends.dmp.artifact import load_network
 from npuc.models.caffe_nets import write_dmp_testnet
 
@@ -77,7 +77,7 @@ def main() -> None:
                 theirs, their_io = convertor(args.tool, args.python, prototxt.resolve(), caffemodel.resolve(), work,
                                              quant == "8bit", transpose)  # fmt: skip
                 out = work / f"npuc_{quant}_{int(transpose)}"
-                api.build(prototxt, "dmp", out, weights=caffemodel, quant=quant,
+                npuc.build(prototxt, "dmp", out, weights=caffemodel, quant=quant,
                           options={"transpose_weight": transpose})  # fmt: skip
                 net, ours = load_network(out)
                 print(f"{quant:8} {int(transpose):<9} {hashlib.sha256(theirs).hexdigest()[:16]:18} "

@@ -20,7 +20,7 @@ _CHILD = """
 import json, resource, sys, time
 from npuc.models.fetch import fetch_model, get_model
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 name = sys.argv[1]
 path, spec = fetch_model(name), get_model(name)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

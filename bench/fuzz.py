@@ -187,7 +187,7 @@ def _inspect_and_run(path: Path) -> None:
 
 
 def _read_table(path: Path) -> None:
-    from npuc.passes.calitable import read_table
+    from npuc.passes.calibration.calitable import read_table
 
     read_table(path)
 
@@ -199,7 +199,7 @@ def _read_bmnet(path: Path) -> None:
 
 
 def _read_qtable(path: Path) -> None:
-    from npuc.passes.qtable import read_qtable
+    from npuc.passes.calibration.qtable import read_qtable
 
     read_qtable(path)
 

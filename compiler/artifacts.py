@@ -14,7 +14,7 @@ import numpy as np
 from .errors import UserError
 
 ARTIFACT_MODULES = (
-    "npuc.frontends.onnx_artifact",
+    "npuc.backends.onnx_artifact",
     "npuc.backends.cv18xx.artifact",
     "npuc.backends.bm1880.artifact",
     "npuc.backends.lyngor.artifact",

@@ -22,15 +22,15 @@ from typing import Any
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.schema import check
-from npuc.frontends.hbconfig_schema import GROUPS, HB_CONFIG, load_yaml
-from npuc.passes.colorspace import (
+from npuc.frontends.colorspace import (
     CHANNELS,
     TRAIN_FROM_RT,
     YUV_SPACES,
     PreprocessAffine,
     check_even_hw,
 )
-from npuc.passes.colorspace import preprocess_affine as _affine
+from npuc.frontends.colorspace import preprocess_affine as _affine
+from npuc.frontends.hbconfig_schema import GROUPS, HB_CONFIG, load_yaml
 
 OPTIONAL_GROUPS = ("custom_op",)
 # marches of the Bayes family: per-node placement/int16 (node_info), no core_num, int16 outputs

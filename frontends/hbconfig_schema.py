@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from npuc.backends.bpu.contract import MARCHES
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import read_limited
+
+# Horizon BPU architectures, as hb_mapper names them (its `march` key): X3/J3, J5, X5
+MARCHES = ("bernoulli2", "bayes", "bayes-e")
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_ALIASES = 64  # a config has no reason for aliases at all; a handful is tolerated

@@ -1,1 +1,2 @@
-"""Compiler passes: canonicalization, calibration, quantization, lowering, layer grouping, memory."""
+"""Compiler passes by stage: graph rewrites (rewrite/), calibration (calibration/), quantization (quantization/),
+exports (export/), and the target-neutral lowering backends share (lowering/)."""

@@ -10,7 +10,7 @@ from golden import GOLDEN_ROOT
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 

@@ -2,7 +2,7 @@
 
 A smaller picture set than bench/accuracy.py (page() and three photos, four rotations each; calibration on
 the same pictures mirrored), same code path: KL, KL + tune, where the error comes from, and the best honest
-refinement the bench found (weight reconstruction, passes/refine.py), also through its side file, and the
+refinement the bench found (weight reconstruction, passes/calibration/refine.py), also through its side file, and the
 path that reaches the issue's 0.99: `npuc calibrate --split-channels 3 --tune 5 --refine weights`.
 """
 
@@ -93,8 +93,8 @@ def test_tuned_int8_and_where_the_error_comes_from(accuracy, tuned, measured):
 def test_weight_reconstruction_and_its_side_file(accuracy, data, measured, tmp_path):  # noqa: ANN001
     """Method 3 of the bench (the best honest one): conv / FC weights refitted to the quantized activations of
     the calibration pictures; same integer format, evaluated by the int8 reference interpreter."""
-    from npuc.passes.refine import refine_weights
-    from npuc.passes.refinement import Refinement, apply_refinement, load_refinement, save_refinement
+    from npuc.passes.calibration.refine import refine_weights
+    from npuc.passes.calibration.refinement import Refinement, apply_refinement, load_refinement, save_refinement
 
     model, _, feeds, calib, table, ref = data
     graph, thresholds = accuracy.float_ir(model, table)
@@ -154,10 +154,10 @@ def test_default_calibration_of_the_mobilenetv3_text_classifier(real_model, tmp_
     per-picture cosine 0.99998, worst 0.9996, top-1 1.0."""
     import npuc
     from npuc.models.images import model_inputs
-    from npuc.passes.calitable import read_table
-    from npuc.passes.compare import Comparison
-    from npuc.passes.qtable import beside, read_qtable
-    from npuc.passes.refinement import load_refinement, side_file
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.compare import Comparison
+    from npuc.passes.calibration.qtable import beside, read_qtable
+    from npuc.passes.calibration.refinement import load_refinement, side_file
 
     model, shape = real_model("mbv3_textline_cls"), {"x": [1, 3, 48, 192]}
     feeds = model_inputs("mbv3_textline_cls", 32)

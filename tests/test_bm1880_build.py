@@ -21,14 +21,14 @@ from npuc.backends.bm1880.calibration import new_calibration, save_calibration
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gmem_refs
 from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.sim import run_bmodel
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from npuc.compiler.protoschema import load_proto
 from npuc.frontends.onnx import import_onnx
 from npuc.models.images import model_inputs
 from npuc.models.make_models import make_all
-from npuc.passes.calibrate import CalibrationOptions, calibrate, max_abs_thresholds
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, max_abs_thresholds
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def test_lenet_run_gives_the_reference_class(lenet_bmodel, lenet_no_elu, tmp_pat
 
 def test_lenet_conv1_pool1_bit_exact_against_an_integer_reference(lenet_no_elu):
     from npuc.backends.bm1880.quantize import load_thresholds
-    from npuc.passes import fixedpoint as fp
+    from npuc.compiler import fixedpoint as fp
 
     graph = import_onnx(lenet_no_elu)
     canonicalize(graph)
@@ -310,7 +310,7 @@ def test_pnet_with_npuc_calibration(pnet_onnx, vendor_pnet, tmp_path, capsys):
         np.savez(tmp_path / f"{i}.npz", **feed)
         files.append(tmp_path / f"{i}.npz")
     table = calibrate(pnet_onnx, files, options=CalibrationOptions(), input_shapes={"input_1": (1, 160, 120, 3)})
-    from npuc.passes.calitable import write_table
+    from npuc.passes.calibration.calitable import write_table
 
     write_table(table.table, tmp_path / "cali_table")
     out = tmp_path / "pnet.bmodel"

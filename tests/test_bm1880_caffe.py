@@ -11,7 +11,7 @@ import pytest
 from golden import GOLDEN_ROOT
 
 from npuc.backends.bm1880.container import load_bmodel
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 
 GOLDEN = GOLDEN_ROOT / "bm1880"
 CALIB = GOLDEN / "bmnet_lenet_calibration.prototxt"

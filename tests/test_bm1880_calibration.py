@@ -129,7 +129,7 @@ def test_npuc_exports_the_bmnet_table_of_the_lenet(tmp_path):
     from npuc.backends.bm1880.export_table import export_bmnet_table
     from npuc.backends.bm1880.quantize import load_thresholds
     from npuc.frontends.caffe import import_caffe
-    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     golden = GOLDEN_ROOT / "bm1880"
     graph = import_caffe(golden / "lenet_deploy.prototxt", golden / "lenet_float.caffemodel", {"data": (1, 1, 28, 28)})
@@ -156,7 +156,7 @@ def test_calibrate_writes_a_bmnet_table_a_bm1880_build_reads(tmp_path):
     from test_cli import npuc
 
     from npuc.backends.bm1880.container import load_bmodel
-    from npuc.passes.calitable import read_table
+    from npuc.passes.calibration.calitable import read_table
 
     golden = GOLDEN_ROOT / "bm1880"
     x = np.fromfile(golden / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)

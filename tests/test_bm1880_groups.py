@@ -1,5 +1,5 @@
-"""bm1880 layer groups on passes/layer_group.py: residual blocks and eltwise join a group, the three --opt levels
-give identical bytes out, batch 2 via --input-shape, H tiling with halos, and the output-channel split of a
+"""bm1880 layer groups on passes/lowering/layer_group.py: residual blocks and eltwise join a group, the three --opt
+levels give identical bytes out, batch 2 via --input-shape, H tiling with halos, and the output-channel split of a
 conv whose weights do not fit a lane."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from npuc.backends.bm1880.container import load_bmodel, read_bmodel, write_bmode
 from npuc.backends.bm1880.groups import form_units
 from npuc.backends.bm1880.quantize import lower
 from npuc.backends.bm1880.sim import quantize, run_bmodel
-from npuc.compiler.cli import main
+from npuc.cli.app import main
+from npuc.compiler import fixedpoint as fp
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes import fixedpoint as fp
-from npuc.passes.calibrate import max_abs_thresholds
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.calibration.calibrate import max_abs_thresholds
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 OPTS = ("none", "layer-group", "layer-group-weight")
 

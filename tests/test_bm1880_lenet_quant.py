@@ -12,8 +12,8 @@ from golden import GOLDEN_ROOT
 from onnx import numpy_helper
 
 from npuc.backends.bm1880.calibration import load_calibration
+from npuc.compiler import fixedpoint as fp
 from npuc.compiler.protoschema import load_proto
-from npuc.passes import fixedpoint as fp
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = GOLDEN_ROOT / "bm1880"

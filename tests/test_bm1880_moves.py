@@ -22,12 +22,11 @@ from test_qdq import assert_codes_equal, bmodel_codes, run_named, session, with_
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gdma_direction
 from npuc.backends.bm1880.container import read_bmodel, write_bmodel
+from npuc.backends.bm1880.qdq import lower_for_export, write_qdq_bm1880
 from npuc.compiler.errors import UnsupportedError
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.calibrate import max_abs_thresholds
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.qdq import write_qdq_bm1880
-from npuc.passes.qdq_bm1880 import lower_for_export
+from npuc.passes.calibration.calibrate import max_abs_thresholds
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 SHAPE = [1, 8, 12, 10]
 

@@ -19,7 +19,7 @@ from npuc.backends.bm1880 import isa
 from npuc.backends.bm1880.cmdbuf import encode_cmdbuf, make_instruction
 from npuc.backends.bm1880.container import BModel, Command, TensorInfo, load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.sim import quantize, run_bmodel
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 
 GOLDEN = GOLDEN_ROOT / "bm1880"

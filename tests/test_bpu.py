@@ -21,25 +21,25 @@ from npuc.backends.bpu.contract import (
     contract_to_json,
     make_properties,
 )
+from npuc.cli.app import main
 from npuc.compiler.artifacts import ArtifactOptions, detect
-from npuc.compiler.cli import main
 from npuc.compiler.errors import CorruptFileError, UserError
-from npuc.compiler.interp import run
-from npuc.compiler.kernels.quantized import QUANT_KERNELS
-from npuc.frontends.hbconfig import load_config
-from npuc.frontends.onnx import import_onnx
-from npuc.models import images as im
-from npuc.passes.calitable import read_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.colorspace import nv12_to_yuv444, rgb_to_nv12, to_int8_128
-from npuc.passes.fixedpoint import (
+from npuc.compiler.fixedpoint import (
     horizon_scale_dequantize,
     horizon_scale_quantize,
     horizon_shift_dequantize,
     horizon_shift_quantize,
 )
-from npuc.passes.qdq import thresholds_for_model
-from npuc.passes.quantize import quantize
+from npuc.compiler.interp import run
+from npuc.compiler.kernels.quantized import QUANT_KERNELS
+from npuc.frontends.colorspace import nv12_to_yuv444, rgb_to_nv12, to_int8_128
+from npuc.frontends.hbconfig import load_config
+from npuc.frontends.onnx import import_onnx
+from npuc.models import images as im
+from npuc.passes.calibration.calitable import read_table
+from npuc.passes.export.qdq import thresholds_for_model
+from npuc.passes.quantization.quantize import quantize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 HALF_STEPS = np.arange(-600, 601) / 2.0  # every integer and every tie from -300 to 300

@@ -11,12 +11,12 @@ import onnx
 import pytest
 from golden import GOLDEN_ROOT
 
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import UserError
-from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
-from npuc.passes.calitable import format_table, read_table
-from npuc.passes.preprocess import InputSpec, Preprocess, image_to_tensor, list_samples, load_sample
-from npuc.passes.tune import fake_quant
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, tensor_table_names
+from npuc.passes.calibration.calitable import format_table, read_table
+from npuc.passes.calibration.preprocess import InputSpec, Preprocess, image_to_tensor, list_samples, load_sample
+from npuc.passes.calibration.tune import fake_quant
 
 GOLDEN = GOLDEN_ROOT
 MODEL = GOLDEN / "cv18xx" / "smallcnn.onnx"
@@ -291,8 +291,8 @@ def test_a_picture_that_does_not_decode_is_one_line(tmp_path: Path) -> None:
 def test_table_rows_of_bn_folded_convs_reach_compare_when_node_names_differ(tmp_path: Path) -> None:
     # Paddle-exported models (PP-LCNet) name nodes "Conv.0" and tensors "p2o...": tpu-mlir's row for a
     # conv with BN folded in is `<conv output>_Conv`, while the IR keeps the BN output's name.
-    from npuc.passes.compare import Comparison
-    from npuc.passes.quantize import thresholds_for_graph
+    from npuc.passes.calibration.compare import Comparison
+    from npuc.passes.quantization.quantize import thresholds_for_graph
 
     rng = np.random.default_rng(7)
     h = onnx.helper
@@ -341,9 +341,9 @@ def test_auto_method_measures_every_method_and_records_its_choice(tmp_path: Path
     Without the per-tensor search (budget 0) and with too few samples to set a report part apart, the table
     is the chosen method's over every sample."""
     import npuc
-    from npuc.passes.calitable import read_table
-    from npuc.passes.method_choice import AUTO_METHODS, evaluation_picks
-    from npuc.passes.preprocess import list_samples
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.method_choice import AUTO_METHODS, evaluation_picks
+    from npuc.passes.calibration.preprocess import list_samples
 
     assert evaluation_picks(3) == [0, 1, 2] and evaluation_picks(100) == [0, 14, 28, 42, 57, 71, 85, 99]
     few = tmp_path / "few.txt"
@@ -367,9 +367,9 @@ def test_auto_method_chooses_per_tensor_and_reports_on_samples_it_never_used(tmp
     without the fit (--no-fit) every row of the table is one method's row over the other samples; the same
     inputs give the same bytes."""
     import npuc
-    from npuc.passes.calitable import read_table
-    from npuc.passes.method_choice import AUTO_METHODS
-    from npuc.passes.preprocess import list_samples
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.method_choice import AUTO_METHODS
+    from npuc.passes.calibration.preprocess import list_samples
 
     files = list_samples([SAMPLES])
     assert len(files) >= 10
@@ -402,8 +402,8 @@ def test_auto_method_keeps_the_fit_only_when_it_wins_on_samples_it_never_saw(tmp
     header names the kept one, the side file exists exactly when it changes constants or the graph, a build
     replays it, and the same inputs give the same bytes."""
     import npuc
-    from npuc.passes.calitable import read_table
-    from npuc.passes.refinement import load_refinement, side_file
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.refinement import load_refinement, side_file
 
     done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "t.txt")
     npuc.calibrate(MODEL, [SAMPLES], tmp_path / "again.txt")
@@ -433,10 +433,10 @@ def test_files_a_run_writes_are_never_its_samples_and_compare_reads_the_side_fil
     import shutil
 
     import npuc
-    from npuc.passes.calitable import read_table
-    from npuc.passes.compare import Comparison, compare_model
-    from npuc.passes.preprocess import list_samples
-    from npuc.passes.refinement import load_refinement, side_file
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.compare import Comparison, compare_model
+    from npuc.passes.calibration.preprocess import list_samples
+    from npuc.passes.calibration.refinement import load_refinement, side_file
 
     data = tmp_path / "data"
     shutil.copytree(SAMPLES, data)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from npuc.models.make_models import make_model
-from npuc.passes import shards
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import write_table
+from npuc.passes.calibration import shards
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calitable import write_table
 
 METHODS = ("kl", "max", "mse", "percentile")
 SAMPLES = 40

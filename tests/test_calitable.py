@@ -1,4 +1,5 @@
-"""Tests for passes/calitable.py: tpu-mlir cali_table read/write, byte-exact against tpu-mlir's own table."""
+"""Tests for passes/calibration/calitable.py: tpu-mlir cali_table read/write, byte-exact against tpu-mlir's own
+table."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from golden import GOLDEN_ROOT
 
 from npuc.compiler.errors import UserError
-from npuc.passes import calitable as ct
+from npuc.passes.calibration import calitable as ct
 
 GOLDEN = GOLDEN_ROOT
 SMALLCNN_TABLE = GOLDEN / "cv18xx" / "smallcnn_cali_table.txt"

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npuc.compiler import interp
 from npuc.frontends.onnx import import_model
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 RNG = np.random.default_rng(7)
 

@@ -1,4 +1,4 @@
-"""Channel-group splitting (passes/channel_split.py): run detection, float equivalence, int8 execution."""
+"""Channel-group splitting (passes/calibration/channel_split.py): run detection, float equivalence, int8 execution."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from npuc.compiler.interp import run
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.frontends.onnx import import_model
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.channel_split import (
+from npuc.passes.calibration.channel_split import (
     channel_grouping,
     channel_peaks,
     find_runs,
@@ -21,7 +20,8 @@ from npuc.passes.channel_split import (
     split_channel_groups,
     split_runs,
 )
-from npuc.passes.quantize import ThresholdMap, quantize
+from npuc.passes.quantization.quantize import ThresholdMap, quantize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 C = 8
 
@@ -238,7 +238,7 @@ def test_split_channels_says_when_it_split_nothing(family: str, why: str, tmp_pa
     import npuc
     from npuc.frontends.onnx import import_onnx
     from npuc.models.make_models import make_model
-    from npuc.passes.refinement import side_file
+    from npuc.passes.calibration.refinement import side_file
 
     model = tmp_path / f"{family}.onnx"
     onnx.save(make_model(family), model)

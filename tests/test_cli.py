@@ -12,7 +12,7 @@ import pytest
 from golden import GOLDEN_ROOT
 from onnx import TensorProto, helper, numpy_helper
 
-from npuc.compiler import cli
+from npuc.cli import app as cli
 
 GOLDEN = GOLDEN_ROOT
 
@@ -199,7 +199,7 @@ def test_internal_error_exits_1_with_report_hint(monkeypatch, capsys):
 def test_help_loads_no_numpy_onnx_or_passes():
     """`npuc --help` (and every command's help) imports only the CLI: the heavy modules load when a command runs."""
     heavy = "('numpy', 'onnx', 'npuc.passes')"
-    code = f"import sys, npuc.compiler.cli; print(sorted(m for m in {heavy} if m in sys.modules))"
+    code = f"import sys, npuc.cli.app; print(sorted(m for m in {heavy} if m in sys.modules))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]", run.stdout
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from npuc.compiler.errors import UserError
-from npuc.passes import colorspace as cs
+from npuc.frontends import colorspace as cs
 
 
 def test_bt601_full_range_known_pixels():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
 
-from npuc.compiler.cli import main
-from npuc.passes.calitable import format_table, read_table
-from npuc.passes.compare import Comparison, auto_mixed, compare_model
+from npuc.cli.app import main
+from npuc.passes.calibration.calitable import format_table, read_table
+from npuc.passes.calibration.compare import Comparison, auto_mixed, compare_model
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"
@@ -213,7 +213,7 @@ def test_automatic_choices_judge_a_softmax_output_by_its_logits(tmp_path: Path) 
     import onnx
 
     from npuc.models.make_models import make_model
-    from npuc.passes.calibrate import calibrate
+    from npuc.passes.calibration.calibrate import calibrate
 
     path = tmp_path / "softmax.onnx"
     onnx.save(make_model("act_softmax"), path)

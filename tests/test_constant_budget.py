@@ -34,7 +34,7 @@ def test_huge_constant_is_refused_within_a_memory_limit(tmp_path: Path, op: str)
         "import os, resource, sys\n"
         "rss = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
         "resource.setrlimit(resource.RLIMIT_AS, (rss + (2 << 30), rss + (2 << 30)))\n"
-        "from npuc.compiler.cli import main\n"
+        "from npuc.cli.app import main\n"
         f"main(['inspect', {str(model)!r}])\n"
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=120)

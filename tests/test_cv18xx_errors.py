@@ -14,9 +14,9 @@ from test_cli import assert_user_error, npuc
 from npuc.backends.cv18xx.codegen import no_kernel
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.calitable import read_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.quantize import quantize
+from npuc.passes.calibration.calitable import read_table
+from npuc.passes.quantization.quantize import quantize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 

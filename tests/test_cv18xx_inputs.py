@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 from npuc.backends.cv18xx.inputs import settle_integer_inputs
 from npuc.backends.cv18xx.sim_cpu import cpu_embedding
 from npuc.compiler.errors import UserError
+from npuc.compiler.fixedpoint import BF16_MAX, constant_to_bf16
 from npuc.frontends.onnx import import_model
-from npuc.passes.fixedpoint import BF16_MAX, constant_to_bf16
 
 
 def _graph(nodes: list, outputs: list[str]):  # noqa: ANN202

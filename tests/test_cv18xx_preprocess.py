@@ -13,12 +13,12 @@ import pytest
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.frames import picture_frame
 from npuc.backends.cv18xx.sim import run_cvimodel
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.models.make_models import _single, make_model
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import write_table
-from npuc.passes.preprocess import Preprocess
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calitable import write_table
+from npuc.passes.calibration.preprocess import Preprocess
 
 MEAN = (123.675, 116.28, 103.53)
 SCALE = (0.0171, 0.0175, 0.0174)
@@ -36,7 +36,7 @@ def _pictures(n: int, h: int, w: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def _float_input(rgb: np.ndarray, pre: Preprocess) -> np.ndarray:
-    """What calibrate makes of the picture (passes/preprocess.image_to_tensor's arithmetic), NCHW."""
+    """What calibrate makes of the picture (passes/calibration/preprocess.image_to_tensor's arithmetic), NCHW."""
     img = rgb.astype(np.float32) if pre.color == "rgb" else rgb[..., ::-1].astype(np.float32)
     out = (img - np.asarray(pre.mean, np.float32)) * np.asarray(pre.scale, np.float32)
     return np.ascontiguousarray(out.transpose(2, 0, 1)[None])

@@ -23,7 +23,7 @@ from npuc.backends.cv18xx.container import CviModel, read_cvimodel, write_cvimod
 from npuc.backends.cv18xx.sim import Machine, run_cvimodel
 from npuc.backends.cv18xx.sim_mem import FORMATS, GlobalMemory
 from npuc.backends.cv18xx.traffic import descriptor_transfers, lower_bound, tdma_traffic
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import CorruptFileError, UserError
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"

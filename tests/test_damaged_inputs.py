@@ -13,7 +13,7 @@ import onnx
 import pytest
 from samples import random_samples
 
-from npuc import api
+import npuc
 from npuc.compiler.errors import UserError
 from npuc.models.make_models import make_model
 
@@ -40,12 +40,12 @@ def test_onnx_names_nothing_defines(tmp_path: Path, where: str) -> None:
         message = "graph output 'nowhere' is made by no node"
     onnx.save(model, tmp_path / "bad.onnx")
     with pytest.raises(UserError, match=message):
-        api.inspect(tmp_path / "bad.onnx")
+        npuc.inspect(tmp_path / "bad.onnx")
 
 
 def test_dmp_layer_table_values_of_any_type(tmp_path: Path) -> None:
     out = tmp_path / "dmp"
-    api.build(_tinycnn(tmp_path), "dmp", out)
+    npuc.build(_tinycnn(tmp_path), "dmp", out)
     (table,) = out.glob("*_layers.json")
     good = json.loads(table.read_text())
     feed = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)}
@@ -54,7 +54,7 @@ def test_dmp_layer_table_values_of_any_type(tmp_path: Path) -> None:
     for _ in range(ROUNDS):
         table.write_text(json.dumps(mutate_json(good, rng)))
         try:
-            api.run(out, feed)
+            npuc.run(out, feed)
             outcomes["ok"] += 1
         except UserError:
             outcomes["user"] += 1
@@ -66,20 +66,20 @@ def test_onnx_initializer_and_attribute_damage(tmp_path: Path) -> None:
     model.graph.initializer[0].dims[0] += 1  # dims that disagree with the stored data
     onnx.save(model, tmp_path / "dims.onnx")
     with pytest.raises(UserError, match=r"initializer '.*': its data does not decode"):
-        api.inspect(tmp_path / "dims.onnx")
+        npuc.inspect(tmp_path / "dims.onnx")
     model = onnx.load(_tinycnn(tmp_path))
     node = model.graph.node[0]
     node.attribute.add().CopyFrom(onnx.helper.make_attribute("auto_pad", b"\xef\xbf"))
     onnx.save(model, tmp_path / "attr.onnx")
     with pytest.raises(UserError, match="attribute 'auto_pad' is not UTF-8 text"):
-        api.inspect(tmp_path / "attr.onnx")
+        npuc.inspect(tmp_path / "attr.onnx")
 
 
 def test_cvimodel_input_of_another_size(tmp_path: Path) -> None:
     out = tmp_path / "m.cvimodel"
-    api.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
+    npuc.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
     with pytest.raises(UserError, match="input 'input' has 768 elements; the model's tensor 1x3x32x32 holds 3072"):
-        api.run(out, {"input": np.zeros((1, 3, 16, 16), np.float32)})
+        npuc.run(out, {"input": np.zeros((1, 3, 16, 16), np.float32)})
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_onnx_attribute_values(tmp_path: Path, damage, message: str) -> None:  #
     damage(model)
     onnx.save(model, tmp_path / "bad.onnx")
     with pytest.raises(UserError, match=message):
-        api.inspect(tmp_path / "bad.onnx")
+        npuc.inspect(tmp_path / "bad.onnx")
 
 
 def test_cvimodel_gmem_beyond_any_board(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_cvimodel_gmem_beyond_any_board(tmp_path: Path) -> None:
     from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
 
     out = tmp_path / "m.cvimodel"
-    api.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
+    npuc.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
     model = read_cvimodel(out.read_bytes())
     io = next(t for t in model.body.programs[0].tensor_map if t.offset >> 40 >= 3)
     io.offset |= 1 << 38
@@ -126,9 +126,9 @@ def test_cvimodel_cpu_routine_without_outputs(tmp_path: Path) -> None:
     from npuc.backends.cv18xx.sim import run_cvimodel
 
     model_path, data = _tinycnn(tmp_path), random_samples(tmp_path / "data", (1, 3, 32, 32), 1)
-    api.calibrate(model_path, [data], tmp_path / "t.txt")
+    npuc.calibrate(model_path, [data], tmp_path / "t.txt")
     out = tmp_path / "m.cvimodel"
-    api.build(model_path, "cv18xx", out, calib=tmp_path / "t.txt")  # starts with a CPU quant routine
+    npuc.build(model_path, "cv18xx", out, calib=tmp_path / "t.txt")  # starts with a CPU quant routine
     model = read_cvimodel(out.read_bytes())
     model.body.programs[0].routines[0].out_tensors = []
     with pytest.raises(UserError, match=r"routine 0: CPU function 'quant' has 1 input and 0 output tensors"):

@@ -22,7 +22,7 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.targets import BuildRequest, get_target
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 SHAPE = (1, 3, 14, 12)
 

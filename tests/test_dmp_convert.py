@@ -134,7 +134,7 @@ def test_more_than_three_channels_rejected(tmp_path: Path) -> None:
 
 def test_cli_option(tmp_path: Path) -> None:
     """`npuc build ... --option convert=minus_128_div_128` reaches the target; a bad policy exits with 2."""
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
     from npuc.models.make_models import make_all
 
     model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]
@@ -172,7 +172,7 @@ CLI_IDS = ["named", "bgr", "direct", "mean_scale", "one_mean", "uint8_mean_scale
 @pytest.mark.parametrize("args,rows,to_bgr", CLI_CASES, ids=CLI_IDS)
 def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.ndarray, to_bgr: int) -> None:
     """`npuc build --target dmp --mean/--scale/--color/--convert`: the conv v1 table is the policy's formula."""
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
     from npuc.models.make_models import make_all
 
     model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]
@@ -195,7 +195,7 @@ def test_cli_flags_fill_the_u8_table(tmp_path: Path, args: list[str], rows: np.n
      ["--input-dtype", "uint8", "--convert", "none"], ["--input-dtype", "int8"]],
 )  # fmt: skip
 def test_cli_flag_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
     from npuc.models.make_models import make_all
 
     model = make_all(tmp_path / "models", ["tinycnn"])["tinycnn"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npuc import api
+import npuc
 from npuc.backends.dmp.artifact import load_network
 from npuc.compiler.interp import run
 from npuc.frontends.caffe import import_caffe
@@ -42,7 +42,7 @@ def test_weights_are_the_convertors_bytes(testnet, tmp_path: Path, quant: str, t
     prototxt, caffemodel = testnet
     out = tmp_path / "dmpnet"
     options = {"transpose_weight": transposed}
-    api.build(prototxt, "dmp", out, weights=caffemodel, quant=quant, options=options)
+    npuc.build(prototxt, "dmp", out, weights=caffemodel, quant=quant, options=options)
     blob = (out / "dmpnet_weights.bin").read_bytes()
     assert hashlib.sha256(blob).hexdigest() == CONVERTOR_WEIGHTS[quant, transposed]
     cpp = (out / "dmpnet_gen.cpp").read_text()
@@ -60,8 +60,8 @@ def test_both_layouts_compute_the_caffe_network(testnet, tmp_path: Path) -> None
     want = run(import_caffe(prototxt, caffemodel), {"x": x})
     for transposed in (False, True):
         out = tmp_path / f"t{int(transposed)}"
-        api.build(prototxt, "dmp", out, weights=caffemodel, options={"transpose_weight": transposed})
-        got = api.run(out, {"x": x})
+        npuc.build(prototxt, "dmp", out, weights=caffemodel, options={"transpose_weight": transposed})
+        got = npuc.run(out, {"x": x})
         assert sorted(got) == sorted(want)
         for name, value in want.items():
             a, b = got[name].ravel(), value.ravel()

@@ -25,7 +25,7 @@ from npuc.compiler.ops import (
     PRelu,
     Resize,
 )
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 # ---------------------------------------------------------------------------------------------------------
 # lowering on small graphs, simulated and compared with the float interpreter

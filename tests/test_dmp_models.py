@@ -24,7 +24,7 @@ from npuc.compiler.targets import BuildRequest, get_target
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 # (model, tensors compared: the outputs plus the logits before a final softmax, min cosine fp16, 8-bit)
 CASES = [
@@ -204,7 +204,7 @@ def test_corrupt_folder_is_rejected(real_model, tmp_path: Path) -> None:
 
 def test_cli_build_run_inspect(real_model, tmp_path: Path, capsys) -> None:
     """`npuc build --target dmp`, `npuc run OUTDIR --input x.npz` and `npuc inspect OUTDIR` end to end."""
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
 
     path = real_model("mtcnn_pnet")
     m = get_model("mtcnn_pnet")
@@ -233,12 +233,12 @@ def test_yolov8n_builds_and_runs(real_model, tmp_path: Path, capsys) -> None:
     """YOLOv8n (SiLU, C2f splits, SPPF, DFL decode) through the CLI: every op runs (inspect), the build notes
     the CPU custom layers with their count, the C++ compiles, and `npuc run` on real pictures matches
     onnxruntime."""
-    from npuc import api
-    from npuc.compiler.cli import main
+    import npuc
+    from npuc.cli.app import main
 
     path = real_model("yolov8n_320")
     shape = "images:1,3,320,320"
-    found = api.check(path, "dmp", quant="fp16", input_shapes={"images": (1, 3, 320, 320)})
+    found = npuc.check(path, "dmp", quant="fp16", input_shapes={"images": (1, 3, 320, 320)})
     assert found["dmp", "fp16"] == []
     out = tmp_path / "yolo"
     with pytest.raises(SystemExit) as info:

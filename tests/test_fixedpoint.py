@@ -1,12 +1,12 @@
-"""Tests for passes/fixedpoint.py: rounding, CV18xx QDM, bf16/fp16 bits, asymmetric, BM1880, Horizon."""
+"""Tests for compiler/fixedpoint.py: rounding, CV18xx QDM, bf16/fp16 bits, asymmetric, BM1880, Horizon."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from npuc.compiler import fixedpoint as fp
 from npuc.compiler.errors import UserError
-from npuc.passes import fixedpoint as fp
 
 RNG = np.random.default_rng(1234)
 

@@ -1,4 +1,4 @@
-"""The float patterns calibration applies by default (passes/float_patterns.py), as tpu-mlir's pattern-match
+"""The float patterns calibration applies by default (passes/calibration/float_patterns.py), as tpu-mlir's pattern-match
 qtable does: a detector's decode stays bf16, and the default calibrate -> build of YOLOv8n reaches the float
 model where plain int8 does not."""
 
@@ -13,13 +13,13 @@ import onnxruntime as ort
 import pytest
 from metrics import cosine
 
-from npuc import api
+import npuc
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.float_patterns import detection_decode, pattern_layers
-from npuc.passes.qtable import beside, read_qtable
+from npuc.passes.calibration.float_patterns import detection_decode, pattern_layers
+from npuc.passes.calibration.qtable import beside, read_qtable
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 
 def _graph(path: Path, name: str):  # noqa: ANN202
@@ -74,12 +74,12 @@ def test_default_calibrate_and_build_reach_the_float_yolov8(real_model, tmp_path
     assert run.returncode == 0 and "the detection decode pattern keeps 30 layer(s) in float" in run.stderr
     assert len(read_qtable(beside(table))) == 30
     out = tmp_path / "yolo.cvimodel"
-    result = api.build(model, "cv18xx", out, calib=table, input_shapes=shape[1:])
+    result = npuc.build(model, "cv18xx", out, calib=table, input_shapes=shape[1:])
     assert len(result.summary["qtable_bf16_layers"]) == 30
     session = ort.InferenceSession(str(model))
     for feed in feeds[8:]:  # photos the calibration did not see; plain int8 measures 0.89-0.91 here
         want = session.run(None, feed)[0]
-        got = api.run(out, feed)["output0"]
+        got = npuc.run(out, feed)["output0"]
         assert cosine(np.asarray(got).reshape(want.shape), want) >= 0.998
     # opting out leaves plain int8, and takes the earlier qtable away
     run = subprocess.run([sys.executable, "-m", "npuc", "calibrate", str(model), "--data", str(data), "-o", str(table),

@@ -1,4 +1,5 @@
-"""Tests for passes/histogram.py: two-pass statistics, exact shard merging, threshold methods, .npz files."""
+"""Tests for passes/calibration/histogram.py: two-pass statistics, exact shard merging, threshold methods, .npz
+files."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from golden import GOLDEN_ROOT
 
 from npuc.compiler.errors import UserError
-from npuc.passes import calitable as ct
-from npuc.passes import histogram as hg
+from npuc.passes.calibration import calitable as ct
+from npuc.passes.calibration import histogram as hg
 
 GOLDEN = GOLDEN_ROOT
 RNG = np.random.default_rng(7)
@@ -264,7 +265,7 @@ def test_kl_threshold_of_a_range_near_float32_max_stays_finite() -> None:
     float32's largest value instead (no warning, no inf row in the table)."""
     import warnings
 
-    from npuc.passes.histogram import kl_threshold
+    from npuc.passes.calibration.histogram import kl_threshold
 
     hist = np.zeros(2048)
     hist[-1] = 10.0

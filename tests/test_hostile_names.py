@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npuc import api
+import npuc
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.compiler.errors import UserError
 from npuc.compiler.sanitize import c_comment, c_identifier, c_string, file_stem, py_string, table_field
@@ -70,21 +70,21 @@ def _only_output(root: Path, out: Path) -> None:
 def test_float_targets_with_whitespace_in_every_name(tmp_path: Path) -> None:
     model = _model(tmp_path / "m.onnx", SPACED)
     out = tmp_path / "lyngor"
-    api.build(model, "lyngor", out)
+    npuc.build(model, "lyngor", out)
     _only_output(tmp_path, out)
     tree = read_tree(out)  # manifests: JSON escapes the names, the schema reads them back
     assert SPACED["in"] in tree.top_graph["main"]["inputs"]
-    np.testing.assert_allclose(api.run(out, _feed(SPACED))[SPACED["out"]],
-                               api.run(model, _feed(SPACED))[SPACED["out"]], rtol=2e-2, atol=2e-2)  # fmt: skip
+    np.testing.assert_allclose(npuc.run(out, _feed(SPACED))[SPACED["out"]],
+                               npuc.run(model, _feed(SPACED))[SPACED["out"]], rtol=2e-2, atol=2e-2)  # fmt: skip
     delegate = tmp_path / "delegate"
-    api.build(model, "lyngor", delegate, options={"delegate": True})
+    npuc.build(model, "lyngor", delegate, options={"delegate": True})
     script = (delegate / "build_lyngor.py").read_text()
     compile(script, "build_lyngor.py", "exec")
     assert not {n for n in _py_names(script) if "inject" in n or n in ("os", "system")}
     assert py_string(SPACED["in"]) in script
     cvi = tmp_path / "m.cvimodel"
-    api.build(model, "cv18xx", cvi, quant="bf16")
-    assert api.run(cvi, _feed(SPACED))[SPACED["out"]].shape == (1, 8, 8, 8)
+    npuc.build(model, "cv18xx", cvi, quant="bf16")
+    assert npuc.run(cvi, _feed(SPACED))[SPACED["out"]].shape == (1, 8, 8, 8)
 
 
 def test_dmp_sources_from_hostile_tensor_names_and_name(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_dmp_sources_from_hostile_tensor_names_and_name(tmp_path: Path) -> None:
 
     model = _model(tmp_path / "m.onnx", SPACED)
     out = tmp_path / "dmp"
-    api.build(model, "dmp", out, options={"name": "../../evil();\n*/"})
+    npuc.build(model, "dmp", out, options={"name": "../../evil();\n*/"})
     _only_output(tmp_path, out)
     sources = sorted(p for p in out.iterdir() if p.suffix in (".cpp", ".h"))
     assert [p.name for p in sources] == ["______evil_______gen.cpp", "______evil_______gen.h"]
@@ -102,7 +102,7 @@ def test_dmp_sources_from_hostile_tensor_names_and_name(tmp_path: Path) -> None:
     compiled = subprocess.run(["g++", "-std=c++14", "-fsyntax-only", "-I", str(INCLUDE_DIR), str(sources[0])],
                               capture_output=True, text=True, check=False)  # fmt: skip
     assert compiled.returncode == 0, compiled.stderr[-1500:]
-    assert api.run(out, _feed(SPACED))[SPACED["out"]].shape == (1, 8, 8, 8)
+    assert npuc.run(out, _feed(SPACED))[SPACED["out"]].shape == (1, 8, 8, 8)
 
 
 def test_calibrate_refuses_names_a_table_cannot_hold(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_calibrate_refuses_names_a_table_cannot_hold(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     np.save(tmp_path / "data" / "0.npy", _feed(SPACED)[SPACED["in"]])
     with pytest.raises(UserError, match="cannot be written into a cali_table"):
-        api.calibrate(model, [tmp_path / "data"], tmp_path / "t.txt")
+        npuc.calibrate(model, [tmp_path / "data"], tmp_path / "t.txt")
     assert not (tmp_path / "t.txt").exists()
 
 
@@ -122,7 +122,7 @@ def calibrated(folder: Path) -> tuple[Path, Path]:
         np.save(
             folder / "data" / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 3, 16, 16)).astype(np.float32)
         )
-    api.calibrate(model, [folder / "data"], folder / "t.txt")
+    npuc.calibrate(model, [folder / "data"], folder / "t.txt")
     return model, folder / "t.txt"
 
 
@@ -132,11 +132,11 @@ def test_int8_targets(calibrated: tuple[Path, Path], tmp_path: Path, target: str
     root = tmp_path / "root"
     root.mkdir()
     options = {"name": "../../escape\n*/"} if target == "bpu" else {}
-    api.build(model, target, root / out, calib=table, options=options)
+    npuc.build(model, target, root / out, calib=table, options=options)
     _only_output(root, root / out)
     if target != "bpu":  # a bmodel keeps no tensor names: its input is "input", its output the first
         x = _feed(TENSORS)[TENSORS["in"]]
-        outputs = api.run(root / out, {TENSORS["in"] if target == "cv18xx" else "input": x})
+        outputs = npuc.run(root / out, {TENSORS["in"] if target == "cv18xx" else "input": x})
         assert next(iter(outputs.values())).size == 8 * 8 * 8
         return
     headers = list((root / out).glob("*.h"))  # --name became a plain file name inside -o

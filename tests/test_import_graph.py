@@ -1,6 +1,10 @@
-"""The package's imports run one way (frontends -> passes -> backends build on compiler, the CLI on top):
-no module reaches back, directly or through others, to one that imports it. Function-level imports count
-(a lazy import is still a dependency); imports only for type checking do not."""
+"""The package's imports run one way: no module reaches back, directly or through others, to one that imports
+it, and the layers stack as cli -> api -> backends -> passes -> frontends -> compiler (the core): a module
+imports its own layer or a lower one, never a higher one. Function-level imports count (a lazy import is still
+a dependency); imports only for type checking do not. Registries that import by module name (compiler/targets,
+compiler/artifacts, passes/quantization/quantize SCHEME_MODULES, passes/export/qdq EXACT_WRITER_MODULES) are
+how a lower layer reaches the backends: those modules register themselves, the lower layer never names their
+contents."""
 
 from __future__ import annotations
 
@@ -108,6 +112,43 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# Top to bottom; each module belongs to the first layer one of whose prefixes it equals or starts with. The
+# package root (`npuc`: `__version__`, and the API's names on first use), `python -m npuc` and the test-model
+# generators (models/) sit on top with the CLI.
+LAYERS = (
+    ("cli", ("npuc", "npuc.__main__", "npuc.cli", "npuc.models")),
+    ("api", ("npuc.api",)),
+    ("backends", ("npuc.backends",)),
+    ("passes", ("npuc.passes",)),
+    ("frontends", ("npuc.frontends",)),
+    ("compiler", ("npuc.compiler", "npuc.templates")),
+)
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS (0 is the top) of the most specific prefix that names `module`."""
+    best, rank = -1, None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), index
+    if rank is None:
+        raise AssertionError(f"{module} is in no layer; add its package to LAYERS")
+    return rank
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module by one in a lower layer."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        low = layer_of(module)
+        for target in sorted(targets):
+            high = layer_of(target)
+            if high < low:
+                found.append(f"{module} ({LAYERS[low][0]}) imports {target} ({LAYERS[high][0]})")
+    return found
+
+
 def test_no_import_cycles() -> None:
     assert cycles(import_graph()) == []
 
@@ -125,3 +166,14 @@ def test_the_check_sees_a_cycle() -> None:
     graph["npuc.backends.cv18xx.codegen"].add("npuc.backends.cv18xx.kernels.conv")
     pair = {"npuc.backends.cv18xx.codegen", "npuc.backends.cv18xx.kernels.conv"}
     assert any(pair <= set(component) for component in cycles(graph))
+
+
+def test_layers_import_downwards() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_check_sees_an_upward_import() -> None:
+    graph = import_graph()
+    assert upward_imports(graph) == []
+    graph["npuc.compiler.ir"].add("npuc.passes.rewrite.canonicalize")
+    assert upward_imports(graph) == ["npuc.compiler.ir (compiler) imports npuc.passes.rewrite.canonicalize (passes)"]

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from samples import random_samples
 
-from npuc import api
+import npuc
 from npuc.compiler.errors import UserError
 from npuc.compiler.targets import all_targets
 from npuc.models.make_models import make_model
@@ -53,7 +53,7 @@ def _names(gaps) -> list[str]:  # noqa: ANN001
 
 
 def test_cv18xx_lists_every_op_per_format(mixed: Path) -> None:
-    found = api.check(mixed, "cv18xx")
+    found = npuc.check(mixed, "cv18xx")
     assert set(found) == {("cv18xx", "int8"), ("cv18xx", "bf16")}
     assert _names(found["cv18xx", "int8"]) == ["low"]  # int8 exp is a table lookup
     assert _names(found["cv18xx", "bf16"]) == ["low", "exp"]  # both, although exp comes after the failed min
@@ -64,7 +64,7 @@ def test_cv18xx_lists_every_op_per_format(mixed: Path) -> None:
 @pytest.mark.parametrize("target, quant", [("cv18xx", "int8"), ("cv18xx", "bf16"), ("bm1880", "int8"),
                                            ("dmp", "fp16")])  # fmt: skip
 def test_first_listed_op_is_where_the_build_stops(mixed: Path, tmp_path: Path, target: str, quant: str) -> None:
-    gaps = api.check(mixed, target, quant=quant)[target, quant]
+    gaps = npuc.check(mixed, target, quant=quant)[target, quant]
     assert gaps
     table = tmp_path / "t.txt"
     args = ["build", str(mixed), "--target", target, "--quant", quant, "-o", str(tmp_path / "out")]
@@ -78,7 +78,7 @@ def test_first_listed_op_is_where_the_build_stops(mixed: Path, tmp_path: Path, t
 
 
 def test_a_model_reported_clean_builds(tinycnn: Path, tmp_path: Path) -> None:
-    found = api.check(tinycnn, "all")
+    found = npuc.check(tinycnn, "all")
     buildable = {t.name for t in all_targets() if t.build is not None}
     assert {t for t, _ in found} == buildable
     assert found["cv18xx", "bf16"] == [] and found["lyngor", "fp16"] == []
@@ -90,7 +90,7 @@ def test_a_model_reported_clean_builds(tinycnn: Path, tmp_path: Path) -> None:
 def test_stand_ins_keep_later_ops_judged_on_their_own(mixed: Path) -> None:
     """DMP: after the failed ReduceMin, exp is judged on a stand-in input; the Add's own reason (a broadcast
     DV700 cannot do) is still reported."""
-    gaps = api.check(mixed, "dmp", quant="fp16")["dmp", "fp16"]
+    gaps = npuc.check(mixed, "dmp", quant="fp16")["dmp", "fp16"]
     by_op = {g.op: g for g in gaps}
     assert "no DV700 lowering" in by_op["low"].reason and by_op["low"].after == ()
     assert "eltwise add" in by_op["add"].reason and by_op["add"].judged
@@ -114,7 +114,7 @@ def test_cli_json_lists_the_same_gaps(mixed: Path) -> None:
     run = _npuc("inspect", str(mixed), "--target", "cv18xx", "--json")
     assert run.returncode == 0, run.stderr
     record = json.loads(run.stdout)
-    found = api.check(mixed, "cv18xx")
+    found = npuc.check(mixed, "cv18xx")
     assert record["ops"] == found.op_count == 4
     assert [(c["target"], c["quant"]) for c in record["checks"]] == [("cv18xx", "int8"), ("cv18xx", "bf16")]
     for check, gaps in zip(record["checks"], found.values(), strict=True):
@@ -139,15 +139,15 @@ def test_cli_refuses_bad_requests(mixed: Path, args: list[str], message: str) ->
 
 
 def test_all_narrows_to_the_targets_with_the_format(mixed: Path) -> None:
-    assert set(api.check(mixed, "all", quant="bf16")) == {("cv18xx", "bf16")}
-    assert {t for t, _ in api.check(mixed, "all", chip="cv183x")} == {"cv18xx"}
+    assert set(npuc.check(mixed, "all", quant="bf16")) == {("cv18xx", "bf16")}
+    assert {t for t, _ in npuc.check(mixed, "all", chip="cv183x")} == {"cv18xx"}
 
 
 def test_check_needs_an_onnx_model(tmp_path: Path) -> None:
     proto = tmp_path / "net.prototxt"
     proto.write_text('name: "n"\n')
     with pytest.raises(UserError, match="checks an ONNX model"):
-        api.check(proto, "bm1880")
+        npuc.check(proto, "bm1880")
 
 
 def test_real_recogniser_gaps(real_model) -> None:  # noqa: ANN001
@@ -155,7 +155,7 @@ def test_real_recogniser_gaps(real_model) -> None:  # noqa: ANN001
     through the Squeeze into the convs, its GELUs are tables); on bm1880 every op it lacks is listed at once: the
     three transposes that move the last axis (no GDMA copy form) and the rank-3 MatMuls and their bias adds."""
     path = real_model("ppocrv6_rec_tiny")
-    found = api.check(path, "all", input_shapes=["x:1,3,48,320"])
+    found = npuc.check(path, "all", input_shapes=["x:1,3,48,320"])
     assert found["cv18xx", "int8"] == [] and found["cv18xx", "bf16"] == []
     bm1880 = found["bm1880", "int8"]
     assert {g.kind for g in bm1880} == {"transpose", "matmul", "eltwise"} and len(bm1880) == 7

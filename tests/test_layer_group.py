@@ -1,4 +1,5 @@
-"""passes/layer_group.py: the rows each tensor of a group holds per tile (halos, padding) and group formation."""
+"""passes/lowering/layer_group.py: the rows each tensor of a group holds per tile (halos, padding) and group
+formation."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import onnx
 
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.layer_group import LayerGroup, RowWindow, form_groups, make_group
+from npuc.passes.lowering.layer_group import LayerGroup, RowWindow, form_groups, make_group
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GROUPABLE = {"conv2d", "pool2d", "eltwise", "activation"}
 

@@ -22,7 +22,7 @@ from npuc.backends.lyngor.manifest import read_tree
 from npuc.compiler.errors import UserError
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"

@@ -20,7 +20,7 @@ from npuc.backends.lyngor.sim import run_tree
 from npuc.compiler.errors import UserError
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
@@ -266,7 +266,7 @@ def test_bad_feeds(tree: Path) -> None:
 
 
 def cli_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:

@@ -26,7 +26,7 @@ from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.sim import run_tree
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT
 SMALLCNN = GOLDEN / "cv18xx" / "smallcnn.onnx"
@@ -336,7 +336,7 @@ def test_vendor_yolox_build_is_read_in_its_older_form(capsys: pytest.CaptureFixt
     assert doc["outputs"]["datao0"] == {
         "dtype": "float32", "name": "__&@!%output0", "shape": (1, 8400, 85), "size": 714000
     }  # fmt: skip
-    from npuc.compiler.cli import main
+    from npuc.cli.app import main
 
     with pytest.raises(SystemExit) as done:
         main(["inspect", str(VENDOR)])

@@ -12,14 +12,14 @@ from metrics import cosine
 
 from npuc.backends.lyngor.manifest import read_tree
 from npuc.backends.lyngor.sim import FP16_KERNELS, load_resolution
+from npuc.cli.app import main
 from npuc.compiler import interp
 from npuc.compiler.artifacts import ArtifactOptions, detect
-from npuc.compiler.cli import main
 from npuc.compiler.targets import BuildRequest, get_target
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT
 

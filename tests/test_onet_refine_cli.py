@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npuc.compiler.cli import main as cli_main
-from npuc.passes.refinement import load_refinement, side_file
+from npuc.cli.app import main as cli_main
+from npuc.passes.calibration.refinement import load_refinement, side_file
 
 SAMPLES = 20
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("dist")
+    source = tmp_path_factory.mktemp("source") / "npuc"  # setuptools builds in the source tree: a copy of it
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "out", "*.egg-info",
+                                                                "__pycache__", ".*_cache"))  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-v", str(ROOT), "--no-deps", "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", "-v", str(source), "--no-deps", "-w", str(out)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -15,10 +15,10 @@ import yaml
 from golden import GOLDEN_ROOT
 from PIL import Image
 
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import UserError
-from npuc.passes.pictures import decode_picture, letterbox
-from npuc.passes.preprocess import InputSpec, Preprocess, load_sample
+from npuc.passes.calibration.pictures import decode_picture, letterbox
+from npuc.passes.calibration.preprocess import InputSpec, Preprocess, load_sample
 
 MODEL = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx"
 
@@ -134,9 +134,9 @@ def test_letterbox_settings_round_trip_through_the_table_header() -> None:
 def test_yaml_config_and_calibrate_flags_give_the_same_table(tmp_path: Path) -> None:
     """The same pictures, colour order, mean and scale through an hb_mapper YAML (rt = train = bgr) and through
     `npuc calibrate --color bgr --mean --scale`: the same tensor rows, byte for byte."""
-    from npuc.frontends.hbcalib import calibrate_config
+    from npuc.api.hbcalib import calibrate_config
     from npuc.frontends.hbconfig import load_config
-    from npuc.passes.calitable import format_table, read_table
+    from npuc.passes.calibration.calitable import format_table, read_table
 
     pictures = tmp_path / "cal"
     pictures.mkdir()

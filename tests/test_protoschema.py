@@ -8,7 +8,8 @@ import pytest
 from google.protobuf import descriptor_pb2, text_format
 
 from npuc.compiler.errors import UserError
-from npuc.compiler.protoschema import load_proto, load_proto_text, parse_proto, tokenize
+from npuc.compiler.protoparse import parse_proto, tokenize
+from npuc.compiler.protoschema import load_proto, load_proto_text
 
 SCHEMA = r"""
 syntax = "proto2";

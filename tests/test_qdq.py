@@ -20,10 +20,18 @@ from onnx import TensorProto, helper, numpy_helper
 from npuc.backends.bm1880.build import build as build_bmodel
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
+from npuc.backends.bm1880.qdq import lower_for_export, write_qdq_bm1880
 from npuc.backends.bm1880.sim import quantize as bm1880_runner_quantize
 from npuc.backends.bm1880.sim import run_bmodel
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import UserError
+from npuc.compiler.fixedpoint import (
+    bm1880_quantize_layer,
+    cv18xx_apply_multiplier_rshift,
+    cv18xx_quantize_activation,
+    rounding_divide_by_pot,
+    saturating_rounding_doubling_high_mul,
+)
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
@@ -32,28 +40,19 @@ from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model
 from npuc.models.images import model_inputs
 from npuc.models.make_models import make_all
-from npuc.passes.calibrate import CalibrationOptions, calibrate, max_abs_thresholds, tensor_table_names
-from npuc.passes.calitable import CalibrationTable, Threshold, read_table, write_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.fixedpoint import (
-    bm1880_quantize_layer,
-    cv18xx_apply_multiplier_rshift,
-    cv18xx_quantize_activation,
-    rounding_divide_by_pot,
-    saturating_rounding_doubling_high_mul,
-)
-from npuc.passes.qdq import (
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, max_abs_thresholds, tensor_table_names
+from npuc.passes.calibration.calitable import CalibrationTable, Threshold, read_table, write_table
+from npuc.passes.export.qdq import (
     plan_bm1880,
     plan_from_quantized,
     qdq_for_target,
     thresholds_for_model,
     write_qdq,
-    write_qdq_bm1880,
     write_qdq_exact,
 )
-from npuc.passes.qdq_bm1880 import lower_for_export
-from npuc.passes.qdq_exact import ExactBuilder
-from npuc.passes.quantize import ThresholdMap, quantize
+from npuc.passes.export.qdq_exact import ExactBuilder
+from npuc.passes.quantization.quantize import ThresholdMap, quantize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 
@@ -660,9 +659,9 @@ def test_every_symmetric_target_exports_its_reference_exactly(smallcnn, smallcnn
 
 def test_yolov8n_exact_form_is_bit_exact(real_model, tmp_path):
     """YOLOv8n (the bpu export's QDQ model): its C2f splits are written as one slice per output
-    (passes.qdq.split_into_slices) and its nearest-neighbour int8 upsampling moves codes like any data move;
+    (passes.export.qdq.split_into_slices) and its nearest-neighbour int8 upsampling moves codes like any data move;
     both outputs and every int8 tensor equal npuc's int8 reference bit for bit."""
-    from npuc.passes.qdq import split_into_slices
+    from npuc.passes.export.qdq import split_into_slices
 
     path = real_model("yolov8n_320")
     spec = get_model("yolov8n_320")

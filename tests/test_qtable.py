@@ -17,8 +17,8 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.stats import int8_flops_share
 from npuc.frontends.onnx import import_onnx
 from npuc.models.make_models import make_model
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.qtable import beside, format_qtable, read_qtable, write_qtable
+from npuc.passes.calibration.qtable import beside, format_qtable, read_qtable, write_qtable
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 
 def _npuc(*args: str) -> subprocess.CompletedProcess:
@@ -155,7 +155,7 @@ def test_a_qtable_may_name_the_tensors_of_the_split_its_table_describes(tmp_path
     from golden import GOLDEN_ROOT
 
     import npuc
-    from npuc.passes.refinement import load_refinement, side_file
+    from npuc.passes.calibration.refinement import load_refinement, side_file
 
     model = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx"
     table = tmp_path / "t.txt"

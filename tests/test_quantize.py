@@ -22,10 +22,10 @@ from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized import QUANT_KERNELS, OpQuant, with_quant
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.calitable import CalibrationTable, Threshold, read_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.quant_context import int8_params
-from npuc.passes.quantize import ThresholdMap, quantize, thresholds_for_graph
+from npuc.passes.calibration.calitable import CalibrationTable, Threshold, read_table
+from npuc.passes.quantization.quant_context import int8_params
+from npuc.passes.quantization.quantize import ThresholdMap, quantize, thresholds_for_graph
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 REGION_MASK = (1 << 40) - 1
@@ -357,7 +357,7 @@ def test_int8_lut_outside_the_functions_domain_is_defined() -> None:
     saturated), not whatever a NaN -> int8 cast gives on this machine."""
     import warnings
 
-    from npuc.passes.rules_cv18xx import int8_lut
+    from npuc.backends.cv18xx.rules import int8_lut
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no 'invalid value encountered in cast'

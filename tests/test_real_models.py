@@ -12,7 +12,7 @@ from npuc.compiler import interp
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model, light_zoo_models
 from npuc.models.images import model_inputs
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 REAL = [
     "pplcnet_orientation", "mbv3_textline_cls", "mtcnn_pnet", "mtcnn_rnet", "ppocrv6_det_tiny", "yolov8n_320",

@@ -78,9 +78,9 @@ def test_non_default_activations_are_refused() -> None:
 @pytest.mark.parametrize("cell, direction, layout, attrs", CASES)
 @pytest.mark.parametrize("states", ["fed", "zero"])
 def test_unrolled_equals_the_recurrent_op(cell: str, direction: str, layout: int, attrs: dict, states: str) -> None:
-    """passes/recurrent_unroll.py: the same values from matrix products, slices, sigmoid, tanh and arithmetic,
+    """passes/rewrite/recurrent_unroll.py: the same values from matrix products, slices, sigmoid, tanh and arithmetic,
     initial states fed as inputs or constant zeros (which fold away)."""
-    from npuc.passes.recurrent_unroll import unroll_recurrent
+    from npuc.passes.rewrite.recurrent_unroll import unroll_recurrent
 
     model, feeds = _model(cell, direction, layout, **attrs)
     if states == "zero":

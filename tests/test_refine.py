@@ -1,7 +1,8 @@
-"""The int8 refinement passes: the batched scheme simulator (passes/qsim.py), the global threshold search
-(passes/threshold_search.py), bias correction and weight reconstruction (passes/refine.py), rounding-aware
-placement on the int8 grid (passes/gptq.py), extra calibration views (passes/augment.py) and the refinement
-side file (passes/refinement.py), on small generated models."""
+"""The int8 refinement passes: the batched scheme simulator (passes/quantization/qsim.py), the global threshold search
+(passes/calibration/threshold_search.py), bias correction and weight reconstruction (passes/calibration/refine.py),
+rounding-aware placement on the int8 grid (passes/calibration/gptq.py), extra calibration views
+(passes/calibration/augment.py) and the refinement side file (passes/calibration/refinement.py), on small generated
+models."""
 
 from __future__ import annotations
 
@@ -15,11 +16,19 @@ from npuc.compiler.interp import run
 from npuc.compiler.kernels import FLOAT_KERNELS
 from npuc.frontends.onnx import import_model
 from npuc.models.make_models import make_model
-from npuc.passes.augment import VIEWS, View, augment_feeds, resample, tone
-from npuc.passes.calibrate import max_abs_thresholds
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.gptq import quadratic_cost, round_refit
-from npuc.passes.qsim import (
+from npuc.passes.calibration.augment import VIEWS, View, augment_feeds, resample, tone
+from npuc.passes.calibration.calibrate import max_abs_thresholds
+from npuc.passes.calibration.gptq import quadratic_cost, round_refit
+from npuc.passes.calibration.refine import linear, reconstruct, refine_weights
+from npuc.passes.calibration.refinement import (
+    Refinement,
+    apply_refinement,
+    encode_refinement,
+    load_refinement,
+    save_refinement,
+)
+from npuc.passes.calibration.threshold_search import candidate_thresholds, search_thresholds
+from npuc.passes.quantization.qsim import (
     Simulator,
     activation_peaks,
     depthwise_conv,
@@ -28,9 +37,7 @@ from npuc.passes.qsim import (
     stack_feeds,
     weight_grid,
 )
-from npuc.passes.refine import linear, reconstruct, refine_weights
-from npuc.passes.refinement import Refinement, apply_refinement, encode_refinement, load_refinement, save_refinement
-from npuc.passes.threshold_search import candidate_thresholds, search_thresholds
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 
 def _graph(name: str):  # noqa: ANN202
@@ -174,7 +181,7 @@ def test_calibrate_refine_option(tmp_path) -> None:  # noqa: ANN001
     """`calibrate(..., CalibrationOptions(refine="weights"))`: the table as without it, plus the refinement of
     the canonicalized model, which the side file carries to a build."""
     from npuc.models.make_models import make_all
-    from npuc.passes.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
 
     model = make_all(tmp_path, ["tinycnn"])["tinycnn"]
     graph = _graph("tinycnn")
@@ -198,9 +205,9 @@ def test_calibrate_refine_option(tmp_path) -> None:  # noqa: ANN001
 def test_cli_refine_writes_a_side_file_that_build_applies(tmp_path) -> None:  # noqa: ANN001
     """`npuc calibrate --refine weights -o T` writes T and T.refine.npz; `npuc build --calib T` builds the
     refined constants (other int8 weights than the plain table gives), and without -o --refine exits 2."""
-    from npuc.compiler.cli import main as cli_main
+    from npuc.cli.app import main as cli_main
     from npuc.models.make_models import make_all
-    from npuc.passes.refinement import side_file
+    from npuc.passes.calibration.refinement import side_file
 
     def main(argv: list[str]) -> int:
         try:
@@ -305,7 +312,7 @@ def test_refine_and_split_on_a_model_fed_nhwc(real_model, tmp_path) -> None:
     """MTCNN O-Net takes NHWC pictures (its input transpose is absorbed): the batched refinement and channel
     split runs see the samples in the graph's NCHW layout, as single runs do, and its PReLU runs split."""
     from npuc.models.images import model_inputs
-    from npuc.passes.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
 
     model = real_model("mtcnn_onet")
     paths = []
@@ -332,9 +339,9 @@ def test_refine_on_a_sequence_first_rnn_refuses_up_front_with_a_fix_that_works(r
     from npuc.compiler.errors import UserError
     from npuc.frontends.onnx import import_onnx
     from npuc.models.images import model_inputs
-    from npuc.passes.canonicalize import canonicalize
-    from npuc.passes.qsim import batch_first
-    from npuc.passes.refinement import load_refinement, side_file
+    from npuc.passes.calibration.refinement import load_refinement, side_file
+    from npuc.passes.quantization.qsim import batch_first
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     model, shape = real_model("ddddocr_crnn"), ["input1:1,1,64,160"]
     data = tmp_path / "data"

@@ -17,7 +17,7 @@ from golden import GOLDEN_ROOT
 from onnx import TensorProto, helper, numpy_helper
 from test_constant_budget import _bomb
 
-from npuc import api
+import npuc
 from npuc.models.make_models import make_model
 
 MEMORY_LIMIT = 1 << 30
@@ -31,7 +31,7 @@ pages = int(open('/proc/self/statm').read().split()[0])
 cap = pages * os.sysconf('SC_PAGE_SIZE') + {memory}
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 main(sys.argv[1:])
 """
 
@@ -85,7 +85,7 @@ def test_cvimodel_with_a_tensor_far_beyond_any_board(tmp_path: Path) -> None:
     from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
 
     out = tmp_path / "m.cvimodel"
-    api.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
+    npuc.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
     model = read_cvimodel(out.read_bytes())
     io = next(t for t in model.body.programs[0].tensor_map if t.offset >> 40 >= 3)
     io.offset |= 1 << 38  # one flipped bit: 256 GiB into its region

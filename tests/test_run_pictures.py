@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from npuc.models.make_models import make_model
-from npuc.passes.preprocess import InputSpec, Preprocess, load_sample
+from npuc.passes.calibration.preprocess import InputSpec, Preprocess, load_sample
 
 
 def test_run_takes_a_picture_with_calibrates_preprocessing(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npuc.compiler import interp
 from npuc.frontends.onnx import import_model
-from npuc.passes.canonicalize import canonicalize, merged_transpose
+from npuc.passes.rewrite.canonicalize import canonicalize, merged_transpose
 
 
 def _model(nodes: list, inits: list, in_shape: tuple[int, ...]) -> onnx.ModelProto:

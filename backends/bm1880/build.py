@@ -108,7 +108,7 @@ def compile_bmodel(
 
 
 def _reimport(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> Graph:
-    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     path = request.model_path
     if path.suffix.lower() == ".prototxt":
@@ -146,7 +146,7 @@ def _matches_shape(graph: Graph, name: str, shape) -> bool:
 def source_table_names(request: BuildRequest) -> dict[str, str] | None:
     if request.model_path.suffix.lower() != ".onnx" or not request.model_path.is_file():
         return None
-    from npuc.passes.calibrate import tensor_table_names
+    from npuc.passes.calibration.calibrate import tensor_table_names
 
     return tensor_table_names(onnx.load(str(request.model_path), load_external_data=False))
 

@@ -1,6 +1,6 @@
 """BM1880 code generation: the weight blob, the neuron-area plan and the cmdbuf of the program's units.
 
-Units (groups.py: layer groups formed by passes/layer_group.py, lone layers, output-channel chunks of a
+Units (groups.py: layer groups formed by passes/lowering/layer_group.py, lone layers, output-channel chunks of a
 conv, concats) run in order; each loads its weights and its inputs' rows from the weight/neuron areas,
 computes tile by tile in local memory (N first, then H; pads only at the tensor's real edges) and stores
 only its output.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npuc.compiler.errors import UnsupportedError
-from npuc.passes.layer_group import Tile
+from npuc.passes.lowering.layer_group import Tile
 
 from . import isa
 from .emit import Emitter, LTensor, align, lane_blocks, tile_bytes

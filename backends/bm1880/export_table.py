@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from npuc.compiler.ir import Graph
 
@@ -81,3 +82,17 @@ def export_bmnet_table(graph: Graph, thresholds: dict[str, float], path: Path,
     """Lower `graph` with `thresholds` for the BM1880 and write the BMNet table (.pb2 binary, else text)."""
     net = lower(graph, thresholds, table_names)
     save_calibration(table_from_net(net, graph.name), path)
+
+
+def write_bmnet_table(model: Path, table: Any, shapes: dict, path: Path) -> None:
+    """BMNet's NetCalibrationParameter: the thresholds plus the shifts and multipliers the bm1880 lowering picks."""
+    import onnx
+
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibration.calibrate import tensor_table_names
+    from npuc.passes.rewrite.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    names = tensor_table_names(onnx.load(str(model), load_external_data=False))
+    export_bmnet_table(graph, table.thresholds(), path, names)

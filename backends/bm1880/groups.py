@@ -1,4 +1,4 @@
-"""BM1880 layer groups on the shared pass (passes/layer_group.py), and each group's local-memory plan.
+"""BM1880 layer groups on the shared pass (passes/lowering/layer_group.py), and each group's local-memory plan.
 
 The shared pass forms the groups over the lowered layers (a target-neutral greedy: a run of joinable layers
 whose only tensor leaving it is the last one's output; residual blocks close at their add); this module says
@@ -28,7 +28,7 @@ import numpy as np
 
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UnsupportedError, UserError
-from npuc.passes.layer_group import SAME_ROWS, LayerGroup, Rows, RowWindow, Tile, form_groups, make_group
+from npuc.passes.lowering.layer_group import SAME_ROWS, LayerGroup, Rows, RowWindow, Tile, form_groups, make_group
 
 from . import isa
 from .emit import align, lane_blocks, tile_bytes
@@ -75,7 +75,7 @@ _ACTIVATION = _Activation()
 
 @dataclass(frozen=True)
 class NetView:
-    """The graph interface of passes/layer_group.py over a LoweredNet: 4-D shapes, no constants."""
+    """The graph interface of passes/lowering/layer_group.py over a LoweredNet: 4-D shapes, no constants."""
 
     net: LoweredNet
     tensors: Mapping[str, _Activation] = field(init=False, repr=False)

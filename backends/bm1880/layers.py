@@ -45,7 +45,7 @@ class Layer:
 
     @property
     def outputs(self) -> list[str]:
-        """The op-record interface passes/layer_group.py reads."""
+        """The op-record interface passes/lowering/layer_group.py reads."""
         return [self.output]
 
 

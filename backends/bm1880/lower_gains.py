@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npuc.passes import fixedpoint as fp
+from npuc.compiler import fixedpoint as fp
 
 MAX_GAIN_SHIFT = 7  # the u8 multiplier 2^(7-k) stays in 1..128
 

@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from npuc.compiler import fixedpoint as fp
 from npuc.compiler import ops
 from npuc.compiler.ir import Op
 from npuc.compiler.kernels import FLOAT_KERNELS, apply_activation
-from npuc.passes import fixedpoint as fp
 
 from .layers import Layer, LowerContext, unsupported
 

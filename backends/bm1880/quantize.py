@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from npuc.compiler import fixedpoint as fp
 from npuc.compiler import ops
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
-from npuc.passes import fixedpoint as fp
 
 from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
 from .lower_gains import apply_gains
@@ -60,7 +60,7 @@ def threshold_for(name: str, table: dict[str, float], table_names: dict[str, str
 
 def load_thresholds(path: Path) -> dict[str, float]:
     """Thresholds by name from a tpu-mlir cali_table or a BMNet calibration table (.pb2 or text)."""
-    from npuc.passes.calitable import read_table
+    from npuc.passes.calibration.calitable import read_table
 
     from .calibration import blob_thresholds, load_calibration
 

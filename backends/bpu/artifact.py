@@ -15,13 +15,13 @@ import numpy as np
 
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import CorruptFileError, UserError
-from npuc.passes.colorspace import nv12_to_yuv444, to_int8_128
-from npuc.passes.fixedpoint import (
+from npuc.compiler.fixedpoint import (
     horizon_scale_dequantize,
     horizon_scale_quantize,
     horizon_shift_dequantize,
     horizon_shift_quantize,
 )
+from npuc.frontends.colorspace import nv12_to_yuv444, to_int8_128
 
 from .build import CONTRACT_FILE
 from .contract import Contract, TensorProperties, contract_from_json

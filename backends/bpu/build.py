@@ -1,8 +1,8 @@
 """Build the bpu output folder: hbDNN contract (JSON + C header) and the QDQ ONNX of npuc's int8 model.
 
 The float graph is quantized with npuc's symmetric int8 scheme (`cv18xx_int8`: per-tensor activations th/127,
-per-channel conv weights); the quantized ONNX carries those numbers (passes/qdq.py). By default it is the exact
-form (passes/qdq_exact.py: integer ops that give npuc's int8 codes bit for bit, float32 outputs dequantized
+per-channel conv weights); the quantized ONNX carries those numbers (passes/export/qdq.py). By default it is the exact
+form (passes/export/qdq_exact.py: integer ops that give npuc's int8 codes bit for bit, float32 outputs dequantized
 as q·scale like the contract's SCALE); `qdq_form=plain` writes float ops between QuantizeLinear/DequantizeLinear
 pairs instead, for tools that expect pure QDQ. Image inputs described by an
 hb_mapper config (options["hb_inputs"]) take int8 NHWC runtime pixels (u8 - 128) and start with the
@@ -38,10 +38,11 @@ from npuc.compiler.interp import external_shape
 from npuc.compiler.ir import Graph
 from npuc.compiler.sanitize import file_stem
 from npuc.compiler.targets import BuildRequest, BuildResult
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import CalibrationTable, read_table
-from npuc.passes.preprocess import Preprocess
-from npuc.passes.qdq import (
+from npuc.frontends.hbconfig_schema import MARCHES
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calitable import CalibrationTable, read_table
+from npuc.passes.calibration.preprocess import Preprocess
+from npuc.passes.export.qdq import (
     EXACT_NOTE,
     FORMS,
     InputPrologue,
@@ -51,9 +52,9 @@ from npuc.passes.qdq import (
     write_qdq,
     write_qdq_exact,
 )
-from npuc.passes.quantize import ThresholdMap, quantize
+from npuc.passes.quantization.quantize import ThresholdMap, quantize
 
-from .contract import MARCHES, Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
+from .contract import Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
 
 CONTRACT_FILE = "hbdnn_contract.json"
 QUANTI_TYPES = ("scale", "shift")

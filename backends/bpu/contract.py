@@ -38,9 +38,6 @@ BYTE_ALIGN_STEPS = (0, 16, 32, 64, 128)  # within each 256-byte block
 FORMAT = "npuc-hbdnn-contract"
 VERSION = 1
 
-# Horizon BPU architectures, as hb_mapper names them: X3/J3, J5, X5
-MARCHES = ("bernoulli2", "bayes", "bayes-e")
-
 
 def align_bytes(count: int) -> int:
     """The smallest `256·k + j` (j in 0, 16, 32, 64, 128) that is >= count."""

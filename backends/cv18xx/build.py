@@ -44,11 +44,11 @@ from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.compiler.targets import BuildRequest, BuildResult, bool_option
-from npuc.passes.calibrate import tensor_table_names
-from npuc.passes.calitable import read_table
-from npuc.passes.layer_group import LayerGroup
-from npuc.passes.quantize import quantize
-from npuc.passes.recurrent_unroll import unroll_recurrent
+from npuc.passes.calibration.calibrate import tensor_table_names
+from npuc.passes.calibration.calitable import read_table
+from npuc.passes.lowering.layer_group import LayerGroup
+from npuc.passes.quantization.quantize import quantize
+from npuc.passes.rewrite.recurrent_unroll import unroll_recurrent
 
 DEFAULT_CHIP = "cv181x"
 SCHEMES = {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}

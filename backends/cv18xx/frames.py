@@ -7,8 +7,8 @@ import numpy as np
 
 from npuc.backends.cv18xx.preprocess import PIXEL_FORMATS, FrameLayout, FrameSpec, frame_layout
 from npuc.compiler.errors import UserError
-from npuc.passes.pictures import COLOR_ORDERS, resize_u8
-from npuc.passes.preprocess import Preprocess
+from npuc.passes.calibration.pictures import COLOR_ORDERS, resize_u8
+from npuc.passes.calibration.preprocess import Preprocess
 
 # BT.601 limited range, the inverse of kernels/csc.py's formulas: rows Y, U, V of (R, G, B) gains, then offsets
 RGB_TO_YUV = np.array([[0.257, 0.504, 0.098], [-0.148, -0.291, 0.439], [0.439, -0.368, -0.071]], np.float32)

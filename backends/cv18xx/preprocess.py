@@ -28,9 +28,9 @@ import numpy as np
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
-from npuc.passes.calitable import CalibrationTable
-from npuc.passes.compare import recorded_preprocess
-from npuc.passes.preprocess import Preprocess
+from npuc.passes.calibration.calitable import CalibrationTable
+from npuc.passes.calibration.compare import recorded_preprocess
+from npuc.passes.calibration.preprocess import Preprocess
 
 # --pixel-format -> (tpu-mlir's customization_format, the frame's channel order, layout)
 PIXEL_FORMATS = {

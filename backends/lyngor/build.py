@@ -52,7 +52,7 @@ def resolution_graphs(request: BuildRequest, opts: LyngorOptions) -> list[Graph]
     ):
         return [request.graph]
     from npuc.frontends.onnx import import_onnx
-    from npuc.passes.canonicalize import canonicalize
+    from npuc.passes.rewrite.canonicalize import canonicalize
 
     graphs = []
     for shapes in opts.input_shapes_list:

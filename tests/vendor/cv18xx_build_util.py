@@ -15,10 +15,10 @@ from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.models.make_models import make_model
-from npuc.passes.calibrate import CalibrationOptions, calibrate, tensor_table_names
-from npuc.passes.calitable import read_table, write_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.quantize import quantize
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, tensor_table_names
+from npuc.passes.calibration.calitable import read_table, write_table
+from npuc.passes.quantization.quantize import quantize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 
 def float_graph(model: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:

@@ -33,9 +33,9 @@ from npuc.compiler.kernels.quantized.int8 import window_cell_counts, window_sums
 from npuc.compiler.kernels.registry import FLOAT_KERNELS
 from npuc.compiler.targets import BuildRequest
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.calibrate import tensor_table_names
-from npuc.passes.calitable import read_table
-from npuc.passes.quantize import quantize
+from npuc.passes.calibration.calibrate import tensor_table_names
+from npuc.passes.calibration.calitable import read_table
+from npuc.passes.quantization.quantize import quantize
 
 from .cv18xx_build_util import build, calibrated, float_graph, generated_model, quantized_reference, random_feeds
 from .cv18xx_sim import run_vendor

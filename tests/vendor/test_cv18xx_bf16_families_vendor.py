@@ -2,7 +2,7 @@
 
 - Every family the cv18xx runs (convolutions of every shape, pooling, eltwise, the activations, FC/MatMul,
   concat, nearest upsampling), built with --quant bf16 for cv181x and cv183x: `npuc run`'s output equals the
-  vendor simulator's and npuc's bf16 reference (passes.quantize + QUANT_KERNELS) bit for bit, and follows
+  vendor simulator's and npuc's bf16 reference (passes.quantization.quantize + QUANT_KERNELS) bit for bit, and follows
   the float model.
 - Hard-sigmoid, hard-swish, LeakyReLU and PReLU are TIU arithmetic (compiler/kernels/quantized/bf16_act.py):
   a lone activation fed every bf16 value in (-300, 300) equals the vendor and the reference bit for bit.
@@ -35,6 +35,7 @@ from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.isa import ENGINE_TIU
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.backends.cv18xx.sim_cpu import cpu_softmax
+from npuc.compiler.fixedpoint import round_to_bf16
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.conv import conv2d_nchw
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
@@ -42,8 +43,7 @@ from npuc.compiler.kernels.quantized.bf16_act import bf16_constant, hard_sigmoid
 from npuc.compiler.kernels.quantized.bf16_conv import add_toward_zero
 from npuc.compiler.targets import BuildRequest
 from npuc.models.make_models import make_model
-from npuc.passes.fixedpoint import round_to_bf16
-from npuc.passes.quantize import ThresholdMap, quantize
+from npuc.passes.quantization.quantize import ThresholdMap, quantize
 
 from .cv18xx_build_util import float_graph, random_feeds
 from .cv18xx_sim import run_vendor

@@ -20,7 +20,7 @@ from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
-from npuc.passes.canonicalize import canonicalize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 from .cv18xx_sim import run_vendor
 

@@ -14,13 +14,13 @@ from onnx import numpy_helper
 
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
-from npuc.compiler.cli import main as cli_main
+from npuc.cli.app import main as cli_main
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.models.netbuilder import NetBuilder
-from npuc.passes.calitable import read_table
-from npuc.passes.quantize import quantize
-from npuc.passes.refinement import apply_refinement, load_refinement, side_file
+from npuc.passes.calibration.calitable import read_table
+from npuc.passes.calibration.refinement import apply_refinement, load_refinement, side_file
+from npuc.passes.quantization.quantize import quantize
 
 from .cv18xx_build_util import float_graph
 from .cv18xx_sim import run_vendor

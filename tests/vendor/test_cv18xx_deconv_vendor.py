@@ -31,15 +31,15 @@ from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.backends.cv18xx.sim_mem import LocalMemory
 from npuc.backends.cv18xx.sim_tiu import TiuContext, qdm, tiu_conv
 from npuc.backends.cv18xx.weights import channel_records, conv_filter
-from npuc.compiler.cli import main
+from npuc.cli.app import main
 from npuc.compiler.errors import CorruptFileError, UserError
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.conv import conv2d_nchw, pad_hw
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.targets import BuildRequest
 from npuc.models.make_models import make_model
-from npuc.passes.calitable import read_table
-from npuc.passes.quantize import quantize
+from npuc.passes.calibration.calitable import read_table
+from npuc.passes.quantization.quantize import quantize
 
 from .cv18xx_build_util import build, calibrated, float_graph, generated_model, quantized_reference, random_feeds
 from .cv18xx_sim import run_vendor

@@ -33,10 +33,10 @@ from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.models.make_models import make_model
-from npuc.passes.calibrate import calibrate
-from npuc.passes.calitable import CalibrationTable, read_table, write_table
-from npuc.passes.canonicalize import canonicalize
-from npuc.passes.quantize import quantize
+from npuc.passes.calibration.calibrate import calibrate
+from npuc.passes.calibration.calitable import CalibrationTable, read_table, write_table
+from npuc.passes.quantization.quantize import quantize
+from npuc.passes.rewrite.canonicalize import canonicalize
 
 from .cv18xx_sim import run_vendor
 

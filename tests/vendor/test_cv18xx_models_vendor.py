@@ -1,7 +1,7 @@
 """npuc's cv18xx builds of one small generated model per op family, and of real models, on the vendor simulator.
 
 Each build runs on the vendor simulator and on `npuc run`'s simulator: outputs equal bit for bit. Built with
---quant-output, the int8 outputs also equal npuc's quantized reference (passes.quantize + QUANT_KERNELS),
+--quant-output, the int8 outputs also equal npuc's quantized reference (passes.quantization.quantize + QUANT_KERNELS),
 so the generated code computes what the quantization chose, not merely the same thing twice.
 """
 

@@ -17,8 +17,8 @@ import pytest
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.make_models import make_model
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import write_table
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calitable import write_table
 
 from .cv18xx_build_util import build
 from .cv18xx_sim import run_vendor

@@ -21,8 +21,8 @@ from metrics import cosine
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.images import model_inputs
-from npuc.passes.calibrate import CalibrationOptions, calibrate
-from npuc.passes.calitable import write_table
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calitable import write_table
 
 from .cv18xx_build_util import build, real_model_shapes
 from .cv18xx_sim import run_vendor
@@ -121,7 +121,7 @@ def test_picodet_bf16_bit_exact_and_accurate(layout, tmp_path: Path, chip: str) 
 def test_picodet_int8_bit_exact(layout, tmp_path: Path, chip: str) -> None:
     """Bits only: with this plain KL table the class-score heads (sigmoid outputs mostly near 0) measure cosine
     0.3-0.6, the box heads 0.87-0.98; the default calibration keeps the score sigmoids in bf16 (worst output
-    0.81 on held-out documents, passes/float_patterns.py)."""
+    0.81 on held-out documents, passes/calibration/float_patterns.py)."""
     model, table, feed = layout
     out = build(model, table, chip, "int8", tmp_path / "layout.cvimodel", real_model_shapes("picodet_layout"))
     _run_both(out, feed)
@@ -155,7 +155,7 @@ def test_ppocrv4_rec_bit_exact(svtr_recogniser, tmp_path: Path, quant: str) -> N
 @pytest.mark.parametrize("quant", ["bf16", "int8"])
 def test_crnn_with_a_bidirectional_lstm_bit_exact(real_model, tmp_path: Path, quant: str) -> None:
     """ddddocr's CRNN: its bidirectional LSTM (20 steps, hidden 512) is unrolled into matrix products,
-    sigmoid/tanh tables and elementwise ops (passes/recurrent_unroll.py), in bf16 also in an int8 build (as
+    sigmoid/tanh tables and elementwise ops (passes/rewrite/recurrent_unroll.py), in bf16 also in an int8 build (as
     tpu-mlir runs LSTMs on these chips), with the same bits as the vendor simulator."""
     model = real_model("ddddocr_crnn")
     feeds = model_inputs("ddddocr_crnn", 6)

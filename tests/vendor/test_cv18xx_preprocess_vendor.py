@@ -16,7 +16,7 @@ from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.frames import picture_frame
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.images import FITS, PICTURES, RECIPES
-from npuc.passes.preprocess import Preprocess
+from npuc.passes.calibration.preprocess import Preprocess
 from tests.vendor.cv18xx_build_util import build, real_model_shapes
 from tests.vendor.cv18xx_sim import run_vendor
 
@@ -116,8 +116,8 @@ def test_gray_frame_on_other_chips(chip: str, quant: str, tmp_path: Path) -> Non
 
     from npuc.models.make_models import _single
     from npuc.models.netbuilder import NetBuilder
-    from npuc.passes.calibrate import CalibrationOptions, calibrate
-    from npuc.passes.calitable import write_table
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calitable import write_table
 
     b = NetBuilder("grey", np.random.default_rng(4))
     model = tmp_path / "grey.onnx"

@@ -3,9 +3,9 @@ softmax as the runtime's CPU softmax between two TPU routines. bf16 and int8 bui
 with the same bits as `npuc run`; the outputs are compared with onnxruntime.
 
 The int8 build is what `npuc calibrate` and `npuc build --calib` give by default: the decode stays in bf16
-(the float pattern, passes/float_patterns.py: boxes (0..320) and class scores (0..1) would share one int8
+(the float pattern, passes/calibration/float_patterns.py: boxes (0..320) and class scores (0..1) would share one int8
 scale at the final concat), and the threshold method is the one measured best on the network
-(passes/method_choice.py).
+(passes/calibration/method_choice.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from metrics import box_iou, cosine, yolo_detections
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.models.images import model_inputs
-from npuc.passes.float_patterns import detection_decode
+from npuc.passes.calibration.float_patterns import detection_decode
 
 from .cv18xx_build_util import float_graph, real_model_shapes
 from .cv18xx_sim import run_vendor

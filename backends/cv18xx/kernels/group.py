@@ -1,6 +1,6 @@
 """Layer groups on the CV18xx: a run of conv / pool / eltwise / activation / PReLU ops computed in local memory.
 
-passes/layer_group.py forms the groups and gives each tile's rows; here every op of a group gets a local
+passes/lowering/layer_group.py forms the groups and gives each tile's rows; here every op of a group gets a local
 kernel (the same TIU ops as its stand-alone kernel, on local tiles), and the group a local-memory plan:
 
 - resident: every op's constants (filters, per-channel records, lookup tables), loaded once per group at the
@@ -39,7 +39,7 @@ from npuc.backends.cv18xx.lmem import LTensor, Resident, local_bytes, local_stri
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
-from npuc.passes.layer_group import LayerGroup, Read, Rows, Tile, form_groups
+from npuc.passes.lowering.layer_group import LayerGroup, Read, Rows, Tile, form_groups
 
 LOCAL_FMT = {"int8": "i8", "bf16": "bf16"}
 RESIDENT_SHARE = 2  # an op's constants may take at most 1/RESIDENT_SHARE of a lane to join a group

@@ -31,9 +31,9 @@ from types import MappingProxyType
 
 import numpy as np
 
+from npuc.compiler.fixedpoint import round_to_bf16
 from npuc.compiler.kernels.activation import erf
 from npuc.compiler.ops import Activation
-from npuc.passes.fixedpoint import round_to_bf16
 
 ENTRIES = 256
 INDEX_LO, INDEX_HI = -128.0, 127.0  # the clamp of step 2, in table steps

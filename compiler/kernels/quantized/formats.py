@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from npuc.passes.fixedpoint import (
+from npuc.compiler.fixedpoint import (
     bf16_bits_to_float32,
     cv18xx_quantize_activation,
     round_half_even,

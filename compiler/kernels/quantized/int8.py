@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npuc.passes.fixedpoint import (
+from npuc.compiler.fixedpoint import (
     cv18xx_apply_multiplier_rshift,
     rounding_divide_by_pot,
     saturate,

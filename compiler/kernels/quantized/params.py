@@ -71,5 +71,7 @@ def op_quant(op: Op) -> OpQuant:
     """The quantization parameters of `op`; a plain float op is an internal error here."""
     quant = getattr(op.attrs, "quant", None)
     if quant is None:
-        raise RuntimeError(f"op '{op.name}' ({op.kind}) has no quantization parameters; run passes.quantize")
+        raise RuntimeError(
+            f"op '{op.name}' ({op.kind}) has no quantization parameters; run passes.quantization.quantize"
+        )
     return quant

@@ -1,0 +1,50 @@
+"""Options several commands share, declared once: the preprocessing of pictures (calibrate, compare, run)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from npuc.passes.calibration.preprocess import Preprocess
+
+Mean = Annotated[str, typer.Option("--mean", help="Per-channel mean subtracted from pixels (0..255 scale).")]
+Scale = Annotated[str, typer.Option("--scale", help="Per-channel factor applied after the mean.")]
+Color = Annotated[str, typer.Option("--color", help="Channel order the model takes: rgb, bgr, gray.")]
+Resize = Annotated[str | None, typer.Option("--resize", help="Resize pictures to H,W, then centre-crop.")]
+Layout = Annotated[str, typer.Option("--layout", help="Input layout: nchw or nhwc.")]
+KeepAspect = Annotated[
+    bool, typer.Option("--keep-aspect-ratio", help="Letterbox: fit inside the resize size, pad the rest.")
+]
+PadValue = Annotated[int, typer.Option("--pad-value", help="Pixel value of the letterbox padding, 0..255.")]
+PadType = Annotated[str, typer.Option("--pad-type", help="Letterbox placement: center or normal (top left).")]
+# the same options where a calibration table may supply them (its `# preprocess:` line): unset means the table's
+_RECORDED = " Default: the table's (calibrated on pictures), else"
+TableMean = Annotated[str | None, typer.Option("--mean", help=f"Per-channel mean (0..255 scale).{_RECORDED} 0.")]
+TableScale = Annotated[str | None, typer.Option("--scale", help=f"Factor after the mean.{_RECORDED} 1.")]
+TableColor = Annotated[str | None, typer.Option("--color", help=f"rgb, bgr or gray.{_RECORDED} rgb.")]
+TableResize = Annotated[str | None, typer.Option("--resize", help=f"H,W, then centre-crop.{_RECORDED} none.")]
+TableLayout = Annotated[str | None, typer.Option("--layout", help=f"nchw or nhwc.{_RECORDED} nchw.")]
+TableKeepAspect = Annotated[
+    bool | None, typer.Option("--keep-aspect-ratio/--stretch", help=f"Letterbox or stretch.{_RECORDED} stretch.")
+]
+TablePadValue = Annotated[int | None, typer.Option("--pad-value", help=f"Letterbox padding.{_RECORDED} 0.")]
+TablePadType = Annotated[str | None, typer.Option("--pad-type", help=f"center or normal.{_RECORDED} center.")]
+
+
+def preprocess(mean: str, scale: str, color: str, resize: str | None, layout: str, keep_aspect_ratio: bool = False,
+               pad_value: int = 0, pad_type: str = "center") -> Preprocess:  # fmt: skip
+    """The Preprocess the picture options describe (checked, one line on a bad value)."""
+    from npuc.passes.calibration.preprocess import Preprocess, parse_floats, parse_hw
+
+    return Preprocess(
+        mean=parse_floats(mean, "--mean"),
+        scale=parse_floats(scale, "--scale"),
+        color=color,
+        resize=parse_hw(resize) if resize else None,
+        layout=layout,
+        keep_aspect_ratio=keep_aspect_ratio,
+        pad_value=pad_value,
+        pad_type=pad_type,
+    )

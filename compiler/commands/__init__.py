@@ -1,1 +1,0 @@
-"""CLI commands; each module has `register(app)` and is listed in `npuc.compiler.cli.COMMAND_MODULES`."""

@@ -1,0 +1,229 @@
+"""What `npuc calibrate` does around the statistics pass (api/calibration.py calls these): the `--method auto`
+flow (its sample split, the method and per-tensor choices, the closing report), the qtable written beside the
+table (float patterns and --target-cos) and the depfile. BMNet's table: backends/bm1880/export_table.py."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
+    """Pattern name -> the op names it keeps in float, on the canonical IR (none when `enabled` is false)."""
+    if not enabled:
+        return {}
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibration.float_patterns import pattern_layers
+    from npuc.passes.rewrite.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    return pattern_layers(graph)
+
+
+@dataclass
+class AutoCalibration:
+    """What `--method auto` made: the run's result (table, and the refit and split when the fitted candidate
+    won), the choices, the closing report, the report samples, the pattern layers still in the graph."""
+
+    result: Any
+    choice: Any
+    fit: Any
+    closing: Any
+    report_files: list[Path]
+    patterns: dict[str, list[str]]
+
+    def refinement(self) -> Any:
+        """The side file's content when the fitted candidate was kept, else None."""
+        return self.fit.refinement() if self.fit is not None else None
+
+
+def check_batchable(model: Path, shapes: dict, options: Any) -> None:
+    """--refine / --split-channels run their samples as one batch: refused before any pass when the model's
+    tensors are not all sample-first (a sequence-first RNN), unless one sample at a time was asked for."""
+    from npuc.compiler.errors import UserError
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.quantization.qsim import batch_first
+    from npuc.passes.rewrite.canonicalize import canonicalize
+
+    if not (options.refine or options.split_channels > 1) or options.refine_samples == 1:
+        return
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    if not batch_first(graph):
+        raise UserError(f"--refine / --split-channels fit {options.refine_samples} samples as one batch, but not "
+                        "every tensor of this model has the sample axis first (a sequence-first RNN, packed attention "
+                        "heads); add --refine-samples 1")  # fmt: skip
+
+
+def unsplit_note(model: Path, shapes: dict, k: int) -> str:
+    """What `--split-channels K` tells the user when it split nothing: the runs it found (whose channels fell
+    into one group) or the first reasons it took none."""
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibration.channel_split import find_runs
+    from npuc.passes.rewrite.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    plan = find_runs(graph)
+    if plan.runs:
+        why = f"the channel peaks of its {len(plan.runs)} run(s) fell into one group each"
+    elif plan.skipped:
+        shown = "; ".join(f"{conv}: {reason}" for conv, reason in plan.skipped[:3])
+        why = f"no conv starts a channel run ({shown}{'; ...' if len(plan.skipped) > 3 else ''})"
+    else:
+        why = "the model has no conv that mixes channels"
+    return f"--split-channels {k} split nothing: {why}; the table is the unsplit one"
+
+
+def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
+                    patterns: dict[str, list[str]], options: Any, budget: float,
+                    may_fit: str = "") -> AutoCalibration:  # fmt: skip
+    """`--method auto` (passes/calibration/method_choice.py, passes/calibration/fit_choice.py). With 10 or more samples
+    every fifth from the third on is set apart for the closing report and stays out of the table. Of the rest, every
+    fifth chooses the method among tables fitted on the others; then the per-tensor search runs on the chosen method's
+    table over all of them (scored on up to 8 of them, spread). The table is made from all but the report
+    samples. Then the fitted candidate (split, tune, refit) is fitted on the samples that did not choose the
+    method and judged on those that did; `may_fit` non-empty: why it may not be tried (the summary says so)."""
+    from dataclasses import replace
+
+    from npuc.passes.calibration.calibrate import plan_calibration, stats_to_table
+    from npuc.passes.calibration.compare import Comparison
+    from npuc.passes.calibration.fit_choice import FIT_MIN_JUDGES, FIT_OPTIONS, FitChoice, choose_fitted
+    from npuc.passes.calibration.method_choice import (
+        AUTO_METHODS,
+        choose_method,
+        choose_tensor_methods,
+        evaluation_picks,
+    )
+    from npuc.passes.calibration.preprocess import list_samples, load_sample
+
+    files = list_samples(data, limit)
+    report = files[2::5] if len(files) >= 10 else []
+    used = [f for f in files if f not in report]
+    choose = used[4::5] if len(used) >= 5 else used  # too few to set any apart: measured on what they fit
+    fit = [f for f in used if f not in choose] or used
+    start = time.perf_counter()
+    ranges = frozen if frozen is not None else run(used, range_only=True).stats
+    fitted = run(fit, ranges=ranges, keep_histograms=True)
+    stats = fitted.stats
+    if fit != choose:
+        stats = stats.merge(run(choose, ranges=ranges, keep_histograms=True).stats)
+    plan = plan_calibration(model, shapes or None)
+    layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
+    feeds = [load_sample(choose[i], plan.inputs, pre) for i in evaluation_picks(len(choose))]
+    choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
+    tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
+    spread = [load_sample(used[i], plan.inputs, pre) for i in evaluation_picks(len(used))]
+    table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)
+    others = f", {len(choice.per_tensor)} tensors by other methods" if choice.per_tensor else ""
+    table.method = f"auto ({choice.method}{others})"
+    choice.table = table
+    if not may_fit and (fit == choose or len(choose) < FIT_MIN_JUDGES):
+        may_fit = f"it is judged on samples it does not fit: give {5 * FIT_MIN_JUDGES + 3} or more samples"
+    if may_fit:
+        fitting = FitChoice(0.0, 0, 0, may_fit)
+    else:
+        fit_feeds = [load_sample(f, plan.inputs, pre) for f in fit[: FIT_OPTIONS.refine_samples]]
+        fitting = choose_fitted(model, plan, table, fit_feeds, feeds, shapes or None, layers, budget)
+    refinement = None
+    if fitting.kept:
+        table = fitting.table
+        table.method = f"auto ({choice.method}{others}, {fitting.header()})"
+        patterns = {name: [n for n in found if n in fitting.known] for name, found in patterns.items()}
+        layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
+        fitted = replace(fitted, refinement=fitting.refit, groupings=fitting.groupings)
+        refinement = fitting.refinement()
+    closing = None
+    if report:
+        import warnings
+
+        held = [load_sample(report[i], plan.inputs, pre) for i in evaluation_picks(len(report))]
+        with warnings.catch_warnings():  # rows without a tensor are the build's to report
+            warnings.simplefilter("ignore")
+            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None,
+                                 refinement=refinement).evaluate(layers)  # fmt: skip
+    result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
+    return AutoCalibration(result, choice, fitting, closing, report, patterns)
+
+
+def report_lines(report: Any, worst: int = 3) -> list[str]:
+    """The closing accuracy report: per output on samples no threshold saw, then the worst layers."""
+    if report is None:
+        return ["held-out report: fewer than 10 samples, none set apart (give more samples to measure)"]
+    lines = []
+    for out in report.outputs:
+        top1 = f", top-1 agreement {out.top1_agreement:.3f}" if out.top1_agreement is not None else ""
+        lines.append(f"held-out ({report.samples} samples) output {out.name}: cosine {out.cosine:.5f}, "
+                     f"SQNR {out.sqnr_db:.1f} dB{top1}")  # fmt: skip
+    shown = ", ".join(f"{a.name} {a.cosine:.4f}" for a in report.layers[:worst])
+    return lines + [f"held-out worst layers: {shown}"]
+
+
+def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
+                  held_out: list[Path], pre: Any, target: float | None, max_layers: int,
+                  explicit: bool = True, refinement: Any = None) -> list[str]:  # fmt: skip
+    """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
+    none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
+    the lines to say: the qtable decides what `npuc build --calib` does."""
+    from npuc.passes.calibration.qtable import beside, write_qtable
+
+    base = list(dict.fromkeys(n for layers in found.values() for n in layers))
+    lines = [f"the {name} pattern keeps {len(layers)} layer(s) in float" for name, layers in found.items()]
+    comments = [f"npuc calibrate: {line}" for line in lines]
+    chosen: list[str] = []
+    if held_out:
+        from npuc.passes.calibration.calibrate import plan_calibration
+        from npuc.passes.calibration.compare import held_out_search
+        from npuc.passes.calibration.preprocess import load_sample
+
+        inputs = plan_calibration(model, shapes or None).inputs
+        feeds = [load_sample(p, inputs, pre) for p in held_out]
+        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base, refinement)
+        chosen = mixed.float_layers
+        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
+        shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
+        comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
+        comments.append(f"int8 output cosine on them {mixed.int8_cosine:.6f}")
+        lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
+                     f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
+    path = beside(output)
+    if base or chosen or (held_out and explicit):
+        write_qtable(path, [*base, *chosen], "BF16", comments)
+        share = int8_share(model, shapes, [*base, *chosen], refinement)
+        lines.append(f"wrote {path}: {len(base) + len(chosen)} layer(s) in bf16, {share:.1%} of the operations int8")
+    elif path.exists():
+        path.unlink()
+        lines.append(f"removed {path}, made for an earlier table")
+    return lines
+
+
+def int8_share(model: Path, shapes: dict, layers: list[str], refinement: Any) -> float:
+    """The share of the network's operations (MACs and element ops) left in int8 with `layers` in bf16."""
+    from npuc.compiler.stats import int8_flops_share
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibration.refinement import apply_refinement
+    from npuc.passes.rewrite.canonicalize import canonicalize
+
+    graph = import_onnx(model, shapes or None, [])
+    canonicalize(graph)
+    if refinement is not None:
+        graph = apply_refinement(graph, refinement)
+    return int8_flops_share(graph, set(layers))
+
+
+def write_calibration_depfile(path: Path, model: Path, data: Any, samples: int | None, ranges: Any,
+                         outputs: list[Path | None]) -> None:  # fmt: skip
+    from npuc.compiler.depfile import onnx_external_files, write_depfile
+    from npuc.passes.calibration.preprocess import list_samples
+    from npuc.passes.calibration.qtable import beside
+    from npuc.passes.calibration.refinement import side_file
+
+    written = [p for p in outputs if p is not None]
+    if outputs[0] is not None:  # the table's companions, when this run wrote them
+        written += [f for f in (beside(outputs[0]), side_file(outputs[0])) if f.is_file()]
+    lists = [Path(d) for d in data if Path(d).is_file() and Path(d).suffix == ".txt"]
+    read = [model, *onnx_external_files(model), *lists, *list_samples(data, samples), ranges]
+    write_depfile(path, written, read)

@@ -1,0 +1,413 @@
+"""The quantized reference against the float model, and the mixed-precision search built on it.
+
+`Comparison` runs a model on onnxruntime (float) and on the quantized reference interpreter over samples:
+per output cosine, SQNR, max abs error and top-1 agreement; per layer (every quantized tensor the float IR
+also has, and the graph outputs) cosine, SQNR and max error, worst first; statistics pooled over samples.
+
+`auto_mixed` searches the fewest layers to keep in the scheme's float fallback (bf16 on cv18xx) so that the
+worst output cosine reaches a target. Greedy and bounded. Each step takes the int8 layer that loses the most
+cosine against its own inputs (the layer that introduces the error, not the ones that inherit it) and tries it
+in float together with its consumers (which would re-quantize that tensor with the same threshold); the step
+is kept when the output cosine improves. It stops at the target, at `max_layers`, or after 3x that many
+trials; a final pass drops every chosen layer the target does not need. Before searching, all int8 layers in
+float tells whether the target is reachable at all. `npuc compare --auto-mixed` and `npuc calibrate
+--target-cos` use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
+from npuc.compiler.errors import UserError
+from npuc.compiler.interp import external_shape, run
+from npuc.compiler.ir import Graph
+from npuc.compiler.kernels.quantized import QUANT_KERNELS
+from npuc.compiler.kernels.quantized.formats import convert
+from npuc.frontends.onnx import InputShapes, import_model, load_model
+from npuc.passes.calibration.calibrate import calibrate, plan_calibration, tensor_table_names
+from npuc.passes.calibration.calitable import CalibrationTable, read_table
+from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample
+from npuc.passes.calibration.refinement import Refinement, apply_refinement, load_refinement, side_file
+from npuc.passes.quantization.quantize import ThresholdMap, quantize, thresholds_for_graph
+from npuc.passes.rewrite.canonicalize import canonicalize
+
+# target -> quantize name -> scheme
+TARGET_SCHEMES = {"cv18xx": {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}}
+REFERENCE_CACHE_BYTES = 1 << 30  # float per-layer references kept between auto-mixed rounds, beyond: recompute
+
+
+@dataclass
+class Agreement:
+    """Pooled similarity of a quantized tensor to its float reference."""
+
+    name: str
+    cosine: float = 0.0
+    sqnr_db: float = 0.0
+    max_abs_error: float = 0.0
+    top1_agreement: float | None = None
+    _dot: float = field(default=0.0, repr=False)
+    _ref2: float = field(default=0.0, repr=False)
+    _q2: float = field(default=0.0, repr=False)
+    _err2: float = field(default=0.0, repr=False)
+    _top1: list[bool] = field(default_factory=list, repr=False)
+    sample_cosines: list[float] = field(default_factory=list, repr=False)  # one per add()
+
+    def add(self, ref: np.ndarray, quant: np.ndarray, top1: bool = False) -> None:
+        r, q = ref.astype(np.float64).ravel(), quant.astype(np.float64).ravel()
+        pair = float(np.sqrt((r @ r) * (q @ q)))
+        self.sample_cosines.append(float(r @ q) / pair if pair else float(np.array_equal(r, q)))
+        self._dot += float(r @ q)
+        self._ref2 += float(r @ r)
+        self._q2 += float(q @ q)
+        self._err2 += float((r - q) @ (r - q))
+        self.max_abs_error = max(self.max_abs_error, float(np.abs(r - q).max(initial=0.0)))
+        if top1:
+            batch = ref.shape[0] if ref.ndim > 1 else 1
+            self._top1 += list(ref.reshape(batch, -1).argmax(1) == quant.reshape(batch, -1).argmax(1))
+        norm = np.sqrt(self._ref2 * self._q2)
+        self.cosine = self._dot / norm if norm else float(self._ref2 == self._q2)
+        self.sqnr_db = 10 * np.log10(self._ref2 / self._err2) if self._err2 else float("inf")
+        self.top1_agreement = float(np.mean(self._top1)) if self._top1 else None
+
+    def public(self) -> dict[str, object]:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k != "sample_cosines"}
+
+
+@dataclass
+class CompareReport:
+    samples: int
+    outputs: list[Agreement]
+    layers: list[Agreement]  # worst cosine first
+    float_layers: list[str] = field(default_factory=list)
+    int8_layers: list[str] = field(default_factory=list)  # layers still in int8, worst first
+    judged: list[Agreement] = field(default_factory=list)  # per output, what the automatic choices measure
+
+    @property
+    def output_cosine(self) -> float:
+        """The worst output's cosine: what --auto-mixed targets."""
+        return min(a.cosine for a in self.outputs)
+
+    @property
+    def mean_sample_cosine(self) -> float:
+        """The worst output's mean per-sample cosine (a few large outputs do not outweigh the rest)."""
+        return min(float(np.mean(a.sample_cosines)) for a in self.outputs)
+
+
+@dataclass
+class MixedResult:
+    """What --auto-mixed found: the layers kept in float and the report with them."""
+
+    target: float
+    reached: bool
+    float_layers: list[str]
+    int8_cosine: float  # all layers quantized
+    all_float_cosine: float | None  # every int8 layer in the fallback (None: not needed)
+    report: CompareReport
+    evaluations: int
+    reason: str
+
+    def public(self) -> dict[str, object]:
+        return {
+            "target_cosine": self.target,
+            "reached": self.reached,
+            "float_layers": self.float_layers,
+            "output_cosine": self.report.output_cosine,
+            "int8_cosine": self.int8_cosine,
+            "all_float_cosine": self.all_float_cosine,
+            "evaluations": self.evaluations,
+            "reason": self.reason,
+        }
+
+
+def check_feed(feed: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], where: str) -> None:
+    """A sample must have the model's input shapes and a numeric dtype (else onnxruntime fails opaquely)."""
+    for name, want in shapes.items():
+        value = np.asarray(feed[name])
+        if tuple(value.shape) != tuple(want) or value.dtype.kind not in "fiub":
+            got = "x".join(map(str, value.shape)) or "scalar"
+            raise UserError(
+                f"{where}: input '{name}' is {got} {value.dtype}, the model takes {'x'.join(map(str, want))} "
+                "numbers; save samples at the model's input shape"
+            )
+
+
+def _scheme_of(qgraph: Graph, name: str) -> str | None:
+    fmt = qgraph.tensors[name].quant if name in qgraph.tensors else None
+    return None if fmt is None else fmt.scheme
+
+
+def _as_float(qgraph: Graph, name: str, value: np.ndarray) -> np.ndarray:
+    fmt = qgraph.tensors[name].quant
+    if fmt is not None and fmt.scheme == "int8_sym":
+        return value.astype(np.float32) * np.float32(fmt.threshold / 127.0)
+    return convert(value, fmt, None)
+
+
+class Comparison:
+    """A model, its thresholds and samples, with the float references computed once; `evaluate` quantizes
+    with a given set of float layers and measures it."""
+
+    def __init__(
+        self,
+        model: Path,
+        table: CalibrationTable | ThresholdMap,
+        data: Path | Sequence[dict[str, np.ndarray]],
+        scheme: str,
+        input_shapes: InputShapes | None = None,
+        pre: Preprocess | None = None,
+        refinement: Refinement | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        source = load_model(model)
+        self.graph = import_model(source, input_shapes)
+        canonicalize(self.graph)
+        if refinement is not None:  # what the build applies from the table's side file: the split, the refit
+            self.graph = apply_refinement(self.graph, refinement)
+        if isinstance(table, ThresholdMap):
+            self.thresholds = table
+        else:  # the source model's table names place rows of BN-folded convs (`<conv out>_Conv`)
+            self.thresholds = thresholds_for_graph(self.graph, table, table_names=tensor_table_names(source))
+        self.scheme = scheme
+        shapes = {n: tuple(external_shape(self.graph, n)) for n in self.graph.inputs}  # as fed (NHWC inputs too)
+        if isinstance(data, Path):  # what calibrate reads: .npz/.npy samples and pictures, folders, lists
+            inputs = plan_calibration(model, input_shapes).inputs
+            self.feeds = [load_sample(p, inputs, pre or Preprocess()) for p in list_samples([data])]
+        else:
+            self.feeds = list(data)
+            for i, feed in enumerate(self.feeds):
+                check_feed(feed, shapes, f"sample {i}")
+        # samples saved as float64 (numpy's default) run as the model's input type
+        dtypes = {n: np.dtype(self.graph.tensors[n].dtype) for n in self.graph.inputs}
+        self.feeds = [
+            {n: np.asarray(v, dtype=dtypes.get(n, np.asarray(v).dtype)) for n, v in f.items()} for f in self.feeds
+        ]
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        self.ref_outputs = [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
+        self._ref_layers: dict[int, dict[str, np.ndarray]] = {}
+        self._cached_bytes = 0
+        self.producers = {out: op for op in self.graph.ops for out in op.outputs}
+
+    def ref_layers(self, i: int) -> dict[str, np.ndarray]:
+        """Every float IR tensor of sample i (kept while the cache budget lasts)."""
+        if i in self._ref_layers:
+            return self._ref_layers[i]
+        values = run(self.graph, self.feeds[i], keep_all=True)
+        size = sum(v.nbytes for v in values.values())
+        if self._cached_bytes + size <= REFERENCE_CACHE_BYTES:
+            self._ref_layers[i] = values
+            self._cached_bytes += size
+        return values
+
+    def float_names(self, layers: Iterable[str]) -> list[str]:
+        """Layer tensors plus the names of the ops producing them: the quantizer may split an op from its
+        activation, and both halves belong to the layer."""
+        out = []
+        for name in layers:
+            out.append(name)
+            if name in self.producers:
+                out.append(self.producers[name].name)
+        return out
+
+    def evaluate(self, float_layers: Iterable[str] = ()) -> CompareReport:
+        chosen = list(dict.fromkeys(float_layers))
+        qgraph = quantize(self.graph, self.thresholds, self.scheme, self.float_names(chosen))
+        outputs = {name: Agreement(name) for name in self.graph.outputs}
+        judged = {name: Agreement(tensor) for name, tensor in self.judged.items() if tensor != name}
+        layers: dict[str, Agreement] = {}
+        for i, feed in enumerate(self.feeds):
+            ref_all = self.ref_layers(i)
+            q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
+            for name, agreement in outputs.items():
+                agreement.add(self.ref_outputs[i][name], q_all[name], top1=True)
+            for agreement in judged.values():
+                name = agreement.name
+                agreement.add(ref_all[name], _as_float(qgraph, name, q_all[name]))
+            for name, value in q_all.items():
+                if name not in ref_all or name in self.graph.inputs:
+                    continue
+                if qgraph.tensors[name].quant is not None or name in self.graph.outputs:
+                    layers.setdefault(name, Agreement(name)).add(ref_all[name], _as_float(qgraph, name, value))
+        ranked = sorted(layers.values(), key=lambda a: (a.cosine, a.name))
+        # graph outputs are dequantized by a cast: their layer's format is that of the cast's input
+        inner = {op.outputs[0]: op.inputs[0] for op in qgraph.ops if op.outputs[0] in self.graph.outputs}
+        int8 = [a.name for a in ranked if _scheme_of(qgraph, inner.get(a.name, a.name)) == "int8_sym"]
+        report = CompareReport(len(self.feeds), list(outputs.values()), ranked, chosen, int8)
+        report.judged = [judged.get(name, outputs[name]) for name in self.graph.outputs]
+        return report
+
+    @property
+    def judged(self) -> dict[str, str]:
+        """Graph output -> the tensor whose error the automatic choices measure: a softmax's input (its logits)
+        where the output is a softmax, which saturates and hides the error on confident samples; else itself."""
+        found = {}
+        for name in self.graph.outputs:
+            op = self.producers.get(name)
+            logits = op.inputs[0] if op is not None and op.kind == "softmax" else name
+            found[name] = logits if logits in self.graph.tensors and logits not in self.graph.inputs else name
+        return found
+
+    def unit(self, layer: str) -> list[str]:
+        """The layers that leave int8 together to keep tensor `layer` out of int8: its producer and every
+        consumer (each consumer would re-quantize it with the same threshold)."""
+        consumers = [op.outputs[0] for op in self.graph.ops if layer in op.inputs and op.outputs]
+        return list(dict.fromkeys([layer, *consumers]))
+
+    def local_loss(self, report: CompareReport) -> dict[str, float]:
+        """Per layer: the worst cosine among its activation inputs minus its own (the error it adds)."""
+        cos = {a.name: a.cosine for a in report.layers}
+        loss = {}
+        for name, own in cos.items():
+            op = self.producers.get(name)
+            inputs = [n for n in (op.inputs if op else []) if n and not self.graph.tensors[n].is_const]
+            loss[name] = min((cos.get(n, 1.0) for n in inputs), default=1.0) - own
+        return loss
+
+
+def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
+               base: Sequence[str] = ()) -> MixedResult:  # fmt: skip
+    """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
+    `base`: layers in float from the start (a pattern's), not counted among those chosen."""
+
+    def evaluate(layers: Iterable[str] = ()) -> CompareReport:
+        return comparison.evaluate([*base, *layers])
+
+    if not 0.0 < target <= 1.0:
+        raise UserError(f"--auto-mixed {target}: a cosine target must be in (0, 1], e.g. 0.99")
+    if max_layers < 1:
+        raise UserError(f"--max-float-layers {max_layers} must be at least 1")
+    base_report = evaluate()
+    evaluations = 1
+    if base_report.output_cosine >= target:
+        reason = "int8 already reaches it"
+        return MixedResult(target, True, [], base_report.output_cosine, None, base_report, evaluations, reason)
+    candidates = base_report.int8_layers
+    every = evaluate(candidates)
+    evaluations += 1
+    if every.output_cosine < target:
+        reason = (
+            f"unreachable: even all {len(candidates)} int8 layers in float give output cosine "
+            f"{every.output_cosine:.6f} < {target}"
+        )
+        return MixedResult(target, False, [], base_report.output_cosine, every.output_cosine, base_report,
+                           evaluations, reason)  # fmt: skip
+    chosen: list[str] = []
+    report, tried = base_report, set()
+    budget = 3 * max_layers  # evaluations the greedy phase may spend
+    while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
+        loss = comparison.local_loss(report)
+        left = [n for n in report.int8_layers if n not in chosen and n not in tried]
+        if not left:
+            break
+        pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
+        tried.add(pick)
+        unit = [n for n in comparison.unit(pick) if n not in chosen]
+        if len(chosen) + len(unit) > max_layers:
+            continue
+        trial = evaluate(chosen + unit)
+        evaluations, budget = evaluations + 1, budget - 1
+        if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
+            chosen += unit
+            report = trial
+    if report.output_cosine < target:
+        reason = (
+            f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
+            f"{report.output_cosine:.6f} < {target} (all int8 layers in float give {every.output_cosine:.6f})"
+        )
+        return MixedResult(target, False, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
+                           reason)  # fmt: skip
+    for name in list(chosen) if len(chosen) > 1 else []:  # re-check: drop what the others made unnecessary
+        trial = evaluate([n for n in chosen if n != name])
+        evaluations += 1
+        if trial.output_cosine >= target:
+            chosen.remove(name)
+            report = trial
+    reason = f"{len(chosen)} float layer(s) reach {report.output_cosine:.6f} >= {target}"
+    return MixedResult(target, True, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
+                       reason)  # fmt: skip
+
+
+def _scheme(target: str, quant: str) -> str:
+    schemes = TARGET_SCHEMES.get(target)
+    if schemes is None or quant not in schemes:
+        raise UserError(f"--target {target} --quant {quant}: not supported; use --target cv18xx --quant int8|bf16")
+    return schemes[quant]
+
+
+def load_comparison(
+    model: Path,
+    table: Path | CalibrationTable | None,
+    data: Path,
+    target: str = "cv18xx",
+    quant: str = "int8",
+    calib_data: Sequence[str | Path] = (),
+    input_shapes: InputShapes | None = None,
+    pre: Preprocess | None = None,
+    given: Sequence[str] = (),
+) -> Comparison:
+    """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one;
+    `pre` prepares pictures (the same preprocessing as calibrate's). A table calibrated on pictures records
+    its preprocessing: it is used, and a field of `pre` named in `given` (set on the command line) that
+    contradicts it is an error naming both values."""
+    scheme = _scheme(target, quant)
+    if (table is None) == (not calib_data):
+        raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
+    refinement = None
+    if table is None:
+        table = calibrate(model, list(calib_data), pre, input_shapes=input_shapes).table
+    elif not isinstance(table, CalibrationTable):
+        if side_file(table).is_file():  # the table describes the graph its side file makes, as the build reads it
+            refinement = load_refinement(side_file(table))
+        path, table = table, read_table(table)
+        pre = recorded_preprocess(table, pre or Preprocess(), given, str(path))
+    return Comparison(model, table, data, scheme, input_shapes, pre, refinement)
+
+
+def recorded_preprocess(table: CalibrationTable, pre: Preprocess, given: Sequence[str], where: str) -> Preprocess:
+    """The preprocessing `table` was calibrated with (its `# preprocess:` line), else `pre`; a field set on the
+    command line (`given`) must agree with the table's."""
+    if table.preprocess is None:
+        return pre
+    recorded = Preprocess.from_spec(table.preprocess, where)
+    for name, ours, theirs in pre.differences(recorded):
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} {ours} contradicts {where}, calibrated with {name}={theirs}; drop {flag} "
+                            "or calibrate again with it")  # fmt: skip
+    return recorded
+
+
+def compare_model(
+    model: Path,
+    table: Path | CalibrationTable | None,
+    data: Path,
+    target: str = "cv18xx",
+    quant: str = "int8",
+    float_layers: Iterable[str] = (),
+    calib_data: Sequence[str | Path] = (),
+) -> CompareReport:
+    """Quantize `model` with `table` (or a KL table from `calib_data`) and compare it with the float model on
+    every sample in `data`."""
+    return load_comparison(model, table, data, target, quant, calib_data).evaluate(float_layers)
+
+
+def held_out_search(
+    model: Path,
+    table: CalibrationTable,
+    held_out: Sequence[dict[str, np.ndarray]],
+    target: float,
+    max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
+    input_shapes: InputShapes | None = None,
+    base: Sequence[str] = (),
+    refinement: Refinement | None = None,
+) -> MixedResult:
+    """`npuc calibrate --target-cos`: the fewest cv18xx layers to keep in bf16, besides `base`, for an output
+    cosine >= `target` on samples the thresholds never saw (on the graph `refinement` makes, when given)."""
+    comparison = Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes, refinement=refinement)
+    return auto_mixed(comparison, target, max_layers, base)

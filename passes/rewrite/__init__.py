@@ -1,0 +1,1 @@
+"""Graph rewrites on the float IR: canonicalization and the patterns it recognises, recurrent unrolling."""
