@@ -77,6 +77,7 @@ def register(app: typer.Typer) -> None:
     group = typer.Typer(
         cls=DefaultCommandGroup,
         no_args_is_help=True,
+        rich_markup_mode=None,  # plain help, as the app's
         help="Calibrate a model: `npuc calibrate MODEL --data DIR -o TABLE` (runs `run`), or merge shards.",
     )
 
