@@ -54,8 +54,14 @@ def _table(name: str, model: Path, shapes: list[str], folder: Path) -> Path:
         np.savez(data / f"{i}.npz", **feed)
     table = folder / "table.txt"
     cmd = [sys.executable, "-m", "npuc", "calibrate", str(model), "--data", str(data), "-o", str(table)]
-    subprocess.run([*cmd, *(a for s in shapes for a in ("--input-shape", s))], check=True, capture_output=True)
+    done = subprocess.run([*cmd, *(a for s in shapes for a in ("--input-shape", s))], capture_output=True, text=True)
+    if done.returncode != 0:  # the row says so; the other models still run
+        raise CalibrationFailed((done.stderr.strip().splitlines() or ["no message"])[-1][:60])
     return table
+
+
+class CalibrationFailed(Exception):
+    pass
 
 
 def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, str, str]]:  # noqa: ANN001
@@ -83,7 +89,11 @@ def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, 
                     continue
                 calib = None
                 if get_target(tname).uses_calib and quant == "int8":
-                    table = table or _table(name, model, shapes, folder)
+                    try:
+                        table = table or _table(name, model, shapes, folder)
+                    except CalibrationFailed as exc:
+                        rows.append((name, tname, quant, "0", f"calibrate: {exc}", "-"))
+                        continue
                     calib = table
                 out = folder / f"{tname}_{quant}"
                 result = npuc.build(model, tname, out, quant=quant, calib=calib, input_shapes=shapes)
