@@ -46,6 +46,25 @@ def coverage_record(path: Path, found: dict) -> dict:
     return {"npuc": VERSION, "model": str(path), "ops": found.op_count, "checks": checks}
 
 
+def artifact_record(path: Path, input_shapes: list[str]) -> dict:
+    """`npuc inspect PATH --json` without --target: the kind of file, its inputs as a runtime feeds them (name,
+    shape, dtype, the camera frame's pixel format), and the description `npuc inspect` prints, line by line."""
+    from dataclasses import asdict
+
+    from npuc.api import inspection
+    from npuc.api.shapes import as_shape_dict
+    from npuc.compiler.artifacts import ArtifactOptions, detect
+    from npuc.compiler.version import VERSION
+
+    kind = detect(path)
+    options = ArtifactOptions(input_shapes=as_shape_dict(input_shapes))
+    inputs = [{k: list(v) if k == "shape" else v for k, v in asdict(spec).items() if v is not None}
+              for spec in (kind.inputs(path, options) if kind.inputs is not None else [])]  # fmt: skip
+    text = inspection.inspect(path, input_shapes=input_shapes)
+    return {"npuc": VERSION, "path": str(path), "kind": kind.name, "runs": kind.run is not None, "inputs": inputs,
+            "description": text.splitlines()}  # fmt: skip
+
+
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect(
@@ -57,7 +76,9 @@ def register(app: typer.Typer) -> None:
         ),
         quant: str = typer.Option(None, "--quant", help="With --target: check this number format only."),
         chip: str = typer.Option(None, "--chip", help="With --target: check for this chip."),
-        as_json: bool = typer.Option(False, "--json", help="With --target: print the checks as JSON only."),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print JSON only: the file's kind, inputs and description; with --target, the checks."
+        ),
     ) -> None:
         """Print what a model or artifact contains (ops, shapes, FLOPs; headers, sections, tensors).
 
@@ -65,8 +86,13 @@ def register(app: typer.Typer) -> None:
         """
         from npuc.api import inspection
 
-        if target is None and (quant is not None or chip is not None or as_json):
-            raise UserError("--quant, --chip and --json go with --target T; add it or drop them")
+        if target is None and (quant is not None or chip is not None):
+            raise UserError("--quant and --chip go with --target T; add it or drop them")
+        if as_json and target is None:
+            import json
+
+            typer.echo(json.dumps(artifact_record(path, input_shape), indent=2))
+            return
         if as_json:
             import json
 

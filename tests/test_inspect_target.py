@@ -122,11 +122,26 @@ def test_cli_json_lists_the_same_gaps(mixed: Path) -> None:
     assert {"op": "low", "kind": "reduce"}.items() <= record["checks"][0]["gaps"][0].items()
 
 
+def test_json_without_a_target_describes_the_file(tinycnn: Path, tmp_path: Path) -> None:
+    """`npuc inspect PATH --json`: the kind, the inputs as the runtime is fed (a DMP build with --input-dtype
+    uint8 takes uint8 pixels), and the text description line by line."""
+    import json
+
+    model = json.loads(_npuc("inspect", str(tinycnn), "--json").stdout)
+    assert model["kind"] == "onnx" and model["runs"] is True
+    assert model["inputs"] == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    out = tmp_path / "dmp"
+    assert _npuc("build", str(tinycnn), "--target", "dmp", "--input-dtype", "uint8", "-o", str(out)).returncode == 0
+    run = _npuc("inspect", str(out), "--json")
+    record = json.loads(run.stdout)
+    assert (record["kind"], record["inputs"][0]["dtype"]) == ("dmp", "uint8")
+    assert record["description"] == _npuc("inspect", str(out)).stdout.rstrip("\n").splitlines()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--quant", "bf16"], "--quant, --chip and --json go with --target T"),
-        (["--json"], "--quant, --chip and --json go with --target T"),
+        (["--quant", "bf16"], "--quant and --chip go with --target T"),
         (["--target", "nosuch"], "nosuch"),
         (["--target", "cv18xx", "--quant", "fp16"], "--quant fp16 is not a number format of target 'cv18xx'"),
         (["--target", "dmp", "--chip", "cv181x"], "--chip cv181x is not a chip of target 'dmp'"),
