@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "golden" / "cv18xx"
+# the vendor files: $NPUC_SHARED/golden as the tests find them, else shared/ beside the repository
+SHARED = Path(os.environ.get("NPUC_SHARED") or Path(__file__).resolve().parents[1].parent / "shared")
+GOLDEN = SHARED / "golden" / "cv18xx"
 TPU_MLIR = {  # measured here with tpu-mlir 1.30.2 on resnet18_224 (issue 4)
     "build_s": 1.8,
     "size": 11_758_400,

@@ -167,6 +167,22 @@ def _scaled_round_half_even(values: np.ndarray, factor: np.ndarray, scale_dtype:
     return round_half_even(product.astype(np.float32).astype(np.float64))
 
 
+_ROW_CHUNK = 1 << 16  # elements per slice of the weight rounding: bounds its float64 temporaries
+
+
+def _weight_to_int8(w: np.ndarray, factor: np.ndarray, scale_dtype: type) -> np.ndarray:
+    """`saturate(_scaled_round_half_even(w, factor), int8)` over slices of output channels (factor: [oc, 1, ...]),
+    so the float64 temporaries stay small; every element goes through the same operations."""
+    if w.ndim < 2:
+        return saturate(_scaled_round_half_even(w, factor, scale_dtype), np.int8)
+    out = np.empty(w.shape, np.int8)
+    step = max(1, _ROW_CHUNK // max(1, w[0].size))
+    for i in range(0, len(w), step):
+        out[i : i + step] = saturate(_scaled_round_half_even(w[i : i + step], factor[i : i + step], scale_dtype),
+                                     np.int8)  # fmt: skip
+    return out
+
+
 def cv18xx_quantize_conv(
     weight: np.ndarray,
     bias: np.ndarray | None,
@@ -200,7 +216,7 @@ def cv18xx_quantize_conv(
     ratio = float(tx / ty)  # float / float in C: a float32 quotient
     w_factor = np.where(multiplier == 0, 0.0, ratio * pot / safe_mult)
     shape = (oc,) + (1,) * (w.ndim - 1)
-    w_q = saturate(_scaled_round_half_even(w, w_factor.reshape(shape), scale_dtype), np.int8)
+    w_q = _weight_to_int8(w, w_factor.reshape(shape), scale_dtype)
     b_q = None
     if bias is not None:
         b_factor = np.where(multiplier == 0, 0.0, float(_f32(127.0) / ty) * pot / safe_mult)

@@ -7,6 +7,7 @@ attribute dataclass, so a pass can rely on exactly which fields exist.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,19 @@ class Graph:
         tensor = Tensor(name, tuple(data.shape), str(data.dtype), data)
         self.tensors[name] = tensor
         return tensor
+
+    def copy_sharing_constants(self) -> Graph:
+        """A deep copy whose constants are read-only views of this graph's arrays: no weight bytes are copied.
+
+        A pass working on the copy replaces a constant (add_const) rather than writing into it; a write into a
+        shared array raises ValueError instead of changing this graph."""
+        memo: dict[int, Any] = {}
+        for tensor in self.tensors.values():
+            if isinstance(tensor.data, np.ndarray) and tensor.data.dtype != object:
+                view = tensor.data.view()
+                view.flags.writeable = False
+                memo[id(tensor.data)] = view
+        return copy.deepcopy(self, memo)
 
     def unique_name(self, base: str) -> str:
         if base not in self.tensors:

@@ -8,8 +8,9 @@ chosen by (op_type, since_version) → IR verification. Every unsupported op is 
 from __future__ import annotations
 
 import logging
+import mmap
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,77 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise UserError(f"{path} is not an ONNX model (no graph outputs or opset); pass a .onnx file")
     _load_external_data(model, path.parent.resolve(), path)
     return model
+
+
+_GRAPH_FIELD = 7  # ModelProto.graph
+_INITIALIZER_FIELDS = (5, 15)  # GraphProto.initializer, sparse_initializer
+
+
+def _varint(buf: mmap.mmap | bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fields(buf: mmap.mmap | bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, start, payload start, end) of each protobuf field in buf[start:end]."""
+    pos = start
+    while pos < end:
+        key, at = _varint(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            _, stop = _varint(buf, at)
+        elif wire in (1, 5):
+            stop = at + (8 if wire == 1 else 4)
+        elif wire == 2:
+            size, at = _varint(buf, at)
+            stop = at + size
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+        if stop > end:
+            raise ValueError("protobuf field runs past its message")
+        yield key >> 3, pos, at, stop
+        pos = stop
+
+
+def _without_initializers(buf: mmap.mmap | bytes) -> bytes:
+    """The serialized model minus its graph's initializers; their bytes are skipped, never read."""
+    out = bytearray()
+    for number, start, payload, stop in _fields(buf, 0, len(buf)):
+        if number != _GRAPH_FIELD:
+            out += buf[start:stop]
+            continue
+        graph = bytearray()
+        for inner, a, _, b in _fields(buf, payload, stop):
+            if inner not in _INITIALIZER_FIELDS:
+                graph += buf[a:b]
+        out += _encode_varint(_GRAPH_FIELD << 3 | 2) + _encode_varint(len(graph)) + graph
+    return bytes(out)
+
+
+def load_structure(path: str | Path) -> onnx.ModelProto:
+    """The model's graph without its initializers (nodes, inputs, outputs, value infos): what a pass that only
+    follows names needs, without reading the weights into memory."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return onnx.ModelProto.FromString(_without_initializers(buf))
+    except (ValueError, IndexError, OSError, DecodeError):  # not plain protobuf: the full reader says why
+        return onnx.load(str(path), load_external_data=False)
 
 
 def _load_external_data(model: onnx.ModelProto, base: Path, path: Path) -> None:
@@ -349,23 +421,94 @@ def convert(model: onnx.ModelProto) -> Graph:
 def import_model(
     model: onnx.ModelProto, input_shapes: InputShapes | None = None, notes: list[str] | None = None
 ) -> Graph:
-    """In-memory ONNX model → verified IR graph."""
-    model_copy = onnx.ModelProto()
-    model_copy.CopyFrom(model)
-    applied = pin_input_shapes(model_copy, input_shapes or {})
+    """In-memory ONNX model → verified IR graph (the caller's model is left as it was)."""
+
+    def copy() -> onnx.ModelProto:
+        model_copy = onnx.ModelProto()
+        model_copy.CopyFrom(model)
+        return model_copy
+
+    return _import(copy, input_shapes, notes)
+
+
+# Float initializers of at least this many bytes sit out shape inference and graphsurgeon's clean-up unless
+# something there may read their values (see _hollow): onnx's inference serializes and parses the whole model
+# twice and graphsurgeon's export copies every initializer, which for a 45 MB model cost 0.2 s and three more
+# copies of the weights.
+_HOLLOW_BYTES = 4096
+_FLOAT_TYPES = frozenset(
+    {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+)
+# graphsurgeon's cast elision rewrites the float constants of these ops when Casts surround them
+_CAST_ELISION_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Greater", "Less", "Concat"})
+
+
+def _value_readers(graph: onnx.GraphProto) -> set[str] | None:
+    """Initializers whose values shape inference or simplify() may read: inputs of every node that constant
+    folding could reach (all inputs constant, transitively) and, when the model has Casts, of the ops cast
+    elision rewrites. None (read them all) when a node carries a subgraph."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        return None
+    constant = {t.name for t in graph.initializer} | {""}
+    readers: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for node in graph.node:
+            if all(name in constant for name in node.input) and not set(node.output) <= constant:
+                constant.update(node.output)
+                readers.update(node.input)
+                grew = True
+    if any(node.op_type == "Cast" for node in graph.node):
+        readers.update(name for n in graph.node if n.op_type in _CAST_ELISION_OPS for name in n.input)
+    return readers
+
+
+def _hollow(model: onnx.ModelProto) -> dict[str, bytes]:
+    """Move the raw data of the large float initializers nothing reads out of the model: {name: bytes}."""
+    initializers = model.graph.initializer
+    readers = _value_readers(model.graph)
+    if readers is None or len({t.name for t in initializers}) != len(initializers):
+        return {}
+    held: dict[str, bytes] = {}
+    for tensor in initializers:
+        if tensor.data_type in _FLOAT_TYPES and tensor.name not in readers and len(tensor.raw_data) >= _HOLLOW_BYTES:
+            held[tensor.name] = tensor.raw_data
+            tensor.ClearField("raw_data")
+    return held
+
+
+def _refill(model: onnx.ModelProto, held: dict[str, bytes]) -> None:
+    """Put the data _hollow moved out back, dropping each held copy as soon as it is in."""
+    for tensor in model.graph.initializer:
+        if tensor.name in held:
+            assert not tensor.raw_data, "the hollowed initializer kept its place and stayed empty"
+            tensor.raw_data = held.pop(tensor.name)
+
+
+def _import(load: Callable[[], onnx.ModelProto], input_shapes: InputShapes | None, notes: list[str] | None) -> Graph:
+    """load() → verified IR graph. The loaded model is owned here: each stage drops the previous one's model, so
+    no more than two copies of the weights are alive at a time."""
+    model = load()
+    applied = pin_input_shapes(model, input_shapes or {})
     if notes is not None:
         notes.extend(applied)
-    _check_acyclic(model_copy.graph)
-    _check_stored_values(model_copy.graph)
-    _check_constant_budget(model_copy.graph)
+    _check_acyclic(model.graph)
+    _check_stored_values(model.graph)
+    _check_constant_budget(model.graph)
+    held = _hollow(model)
     try:
-        model_copy = onnx.shape_inference.infer_shapes(model_copy, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # onnx raises several types for inconsistent models
         raise UserError(f"shape inference failed: {_short(exc)}; check --input-shape against the model") from None
+    del model  # the loaded model's arena, weights included
     try:
-        simplified = _simplified(model_copy)
-        check_supported(simplified)
-        return convert(simplified)
+        model = _simplified(inferred)
+        del inferred
+        _refill(model, held)
+        del held
+        check_supported(model)
+        return convert(model)
     except UnicodeDecodeError:  # protobuf hands out undecodable strings lazily, from any string field
         raise UserError("a name or string in the model is not UTF-8 text; the model is damaged") from None
 
@@ -380,7 +523,7 @@ def _simplified(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def import_onnx(path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None) -> Graph:
     """ONNX file → verified IR graph."""
-    graph = import_model(load_model(path), input_shapes, notes)
+    graph = _import(lambda: load_model(path), input_shapes, notes)
     if graph.name == "model":
         graph.name = Path(path).stem
     return graph

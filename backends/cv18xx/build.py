@@ -16,7 +16,6 @@ weights.py).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime
 import os
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from npuc.backends.cv18xx.chips import chip_spec
 from npuc.backends.cv18xx.codegen import Codegen
@@ -44,6 +42,7 @@ from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.compiler.targets import BuildRequest, BuildResult, bool_option
+from npuc.frontends.onnx import load_structure
 from npuc.passes.calibration.calibrate import tensor_table_names
 from npuc.passes.calibration.calitable import read_table
 from npuc.passes.lowering.layer_group import LayerGroup
@@ -269,7 +268,7 @@ def source_table_names(request: BuildRequest) -> dict[str, str] | None:
     """Calibration-table row of every tensor of the source ONNX model (BN-folded tensors go by their conv)."""
     if request.model_path.suffix.lower() != ".onnx" or not request.model_path.is_file():
         return None
-    return tensor_table_names(onnx.load(str(request.model_path), load_external_data=False))
+    return tensor_table_names(load_structure(request.model_path))  # the weights are not read again
 
 
 def _build_time() -> str:
@@ -293,7 +292,7 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
                 "an int8 cv18xx build needs a calibration table: make one with `npuc calibrate MODEL --data DIR "
                 "-o TABLE` and pass --calib TABLE, or build with --quant bf16"
             )
-    graph = copy.deepcopy(request.graph)
+    graph = request.graph.copy_sharing_constants()
     input_notes = settle_integer_inputs(graph) + unroll_recurrent(graph)
     qgraph = quantize(graph, table, SCHEMES[quant], opts.get("float_layers", ()), source_table_names(request),
                       partial_table=bool(opts.get("allow_partial_table")))  # fmt: skip

@@ -320,14 +320,86 @@ def estimate_header(values: np.ndarray) -> VlcHeader:
     return VlcHeader(0, 1, 0, bias0, bias1, 0)
 
 
+def _words(symbols: np.ndarray) -> np.ndarray:
+    """Each block's 16 byte symbols as two little-endian uint64 words, shape (n, 2)."""
+    return np.ascontiguousarray(symbols, np.uint8).view("<u8").astype(np.uint64)
+
+
+def _byte_mask(byte: int) -> np.uint64:
+    return np.uint64(int.from_bytes(bytes([byte] * 8), "little"))
+
+
+_PAIRS = _byte_mask(0xFF) & np.uint64(0x00FF00FF00FF00FF)  # the low byte of every 16-bit lane
+_LANE_SUM = np.uint64(0x0001000100010001)  # times this, >> 48: the sum of the four 16-bit lanes
+_GATHER = np.uint64(0x0102040810204080)  # times this, >> 56: bit 0 of bytes 0..7 as one byte (no carries)
+
+
+def _shifted_sums(words: np.ndarray, k: int) -> np.ndarray:
+    """Per block, the sum of its 16 symbols >> k, summed within the uint64 words (bytes, then 16-bit lanes)."""
+    z = (words >> np.uint64(k)) & _byte_mask(0xFF >> k)
+    lanes = (z & _PAIRS) + ((z >> np.uint64(8)) & _PAIRS)
+    sums = (lanes * _LANE_SUM) >> np.uint64(48)
+    return (sums[:, 0] + sums[:, 1]).astype(np.int32)
+
+
 def _choose_orders(symbols: np.ndarray, zero_count: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per block the first order with the fewest code bits (-1 = raw) and its unary field length."""
-    unary = np.stack([(symbols >> k).sum(axis=1, dtype=np.int32) + BLOCK for k in range(MAX_ORDER + 1)], axis=1)
+    words = _words(symbols)
+    unary = np.stack([_shifted_sums(words, k) + BLOCK for k in range(MAX_ORDER + 1)], axis=1)
     k = np.arange(MAX_ORDER + 1)
     size = np.where(unary <= MAX_UNARY_BITS, BLOCK * k + unary + np.where(zero_count & (k > 0), 4, 0), 255)
     best = size.argmin(axis=1)
     rows = np.arange(len(symbols))
     return np.where(size[rows, best] > MAX_CODE_BITS, -1, best), unary[rows, best]
+
+
+_U64 = np.uint64
+
+
+def _block_codes(
+    symbols: np.ndarray, k: np.ndarray, raw: np.ndarray, znum: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each block's code as a 128-bit number (low, high uint64 words), bit 0 first in the stream: raw blocks
+    their 16 symbol bytes; coded blocks k bit planes of 16 bits, where znum is 4 the block's count of zero
+    symbols in 4 bits, then the unary field with a 1 ending each symbol's quotient."""
+    n = len(symbols)
+    lo, hi = np.zeros(n, _U64), np.zeros(n, _U64)
+    if not n:
+        return lo, hi
+    lanes = symbols.astype(np.uint8)
+    words = _words(lanes)
+    for j in range(MAX_ORDER):  # plane j: bit j of symbols 0..15, at code bit 16j
+        gathered = (((words >> _U64(j)) & _byte_mask(1)) * _GATHER) >> _U64(56)
+        plane = np.where(k > j, gathered[:, 0] | (gathered[:, 1] << _U64(8)), _U64(0))
+        if j < 4:
+            lo |= plane << _U64(16 * j)
+        else:
+            hi |= plane
+    zeros = np.where(znum > 0, (symbols == 0).sum(axis=1) & 0xF, 0).astype(_U64)  # at code bit 16k: 16..80
+    lo |= np.where(k < 4, zeros << (BLOCK * k & 63).astype(_U64), _U64(0))
+    hi |= np.where(k >= 4, zeros << (BLOCK * k - 64 & 63).astype(_U64), _U64(0))
+    quotient = lanes >> k[:, None].astype(np.uint8)
+    ends = np.cumsum(quotient + np.uint8(1), axis=1, dtype=np.uint8) - np.uint8(1)  # each symbol's closing 1
+    ends[raw] = 0  # (raw blocks wrap around in uint8; their words are set below)
+    unary = np.bitwise_or.reduce(np.left_shift(_U64(1), ends.astype(_U64)), axis=1)
+    at = (BLOCK * k + znum).astype(np.int64)  # where the unary field starts: 0..84
+    low_part = at < 64
+    lo |= np.where(low_part, unary << (at & 63).astype(_U64), _U64(0))
+    spill = np.where(at > 0, unary >> ((64 - at) & 63).astype(_U64), _U64(0))
+    hi |= np.where(low_part, spill, unary << ((at - 64) & 63).astype(_U64))
+    lo[raw], hi[raw] = words[raw, 0], words[raw, 1]
+    return lo, hi
+
+
+def _or_at_bits(words: np.ndarray, starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    """OR 128-bit pieces (lo, hi) into the uint64 word array at the given bit positions (pieces don't overlap)."""
+    w = starts >> 6
+    r = (starts & 63).astype(_U64)
+    back = ((64 - starts) & 63).astype(_U64)  # 64 - r, as a shift that is 0 (masked below) when r = 0
+    shifted = r != 0
+    np.bitwise_or.at(words, w, lo << r)
+    np.bitwise_or.at(words, w + 1, (hi << r) | np.where(shifted, lo >> back, _U64(0)))
+    np.bitwise_or.at(words, w + 2, np.where(shifted, hi >> back, _U64(0)))
 
 
 def compress(values: np.ndarray) -> bytes:
@@ -354,28 +426,22 @@ def compress(values: np.ndarray) -> bytes:
     k = np.maximum(order, 0)
     znum = np.where(zero_count & (k > 0) & ~raw, 4, 0)
     code_bits = np.where(raw, MAX_CODE_BITS, BLOCK * k + znum + unary_bits)
-    width = 2 * MAX_CODE_BITS if header.bf16 else MAX_CODE_BITS  # bf16 blocks carry their fraction bytes
-    rows = np.zeros((n, width), np.uint8)  # each block's bits, then compacted
-    rows[raw, :MAX_CODE_BITS] = np.unpackbits(symbols[raw].astype(np.uint8), axis=1, bitorder="little")
-    c = np.flatnonzero(~raw)
-    planes = (symbols[c, None, :] >> _PLANES[None, :, None].astype(np.uint8)) & 1
-    planes *= _PLANES[None, :, None] < k[c, None, None]
-    rows[c, : BLOCK * MAX_ORDER] = planes.reshape(len(c), BLOCK * MAX_ORDER)
-    if zero_count:  # a 4-bit count of zero symbols after the bit planes, where the block carries one
-        zeros = (symbols[c] == 0).sum(axis=1)
-        for b in range(4):
-            rows[c, BLOCK * k[c] + b] |= (((zeros >> b) & 1) * (znum[c] > 0)).astype(np.uint8)
-    ends = np.cumsum((symbols[c] >> k[c, None]).astype(np.int32) + 1, axis=1) - 1
-    rows[c[:, None], (BLOCK * k[c] + znum[c])[:, None] + ends] = 1
-    length = code_bits.copy()
-    if header.bf16:
+    lo, hi = _block_codes(symbols, k, raw, znum)
+    length = code_bits.astype(np.int64)
+    if header.bf16:  # each block's fraction bytes follow its code: the stored ones, packed in order
         stored = (exps != 0) if header.zero_guard else np.ones_like(exps, bool)
-        pos = code_bits[:, None] + 8 * (np.cumsum(stored, axis=1) - 1)
+        packed = np.zeros((n, BLOCK), np.uint8)
         r, i = np.nonzero(stored)
-        rows[r[:, None], pos[r, i][:, None] + _BYTE_BITS] = (frac[r, i][:, None] >> _BYTE_BITS) & 1
+        packed[r, (np.cumsum(stored, axis=1) - 1)[r, i]] = frac[r, i]
         length += 8 * stored.sum(axis=1)
-    bits = rows[np.arange(width) < length[:, None]]
-    stream = np.packbits(bits, bitorder="little").tobytes()
+    starts = np.cumsum(length) - length
+    total = int(length.sum())
+    words = np.zeros(total // 64 + 3, np.uint64)  # room for the last piece's spill
+    _or_at_bits(words, starts, lo, hi)
+    if header.bf16:
+        frac_words = packed.view("<u8")
+        _or_at_bits(words, starts + code_bits, frac_words[:, 0], frac_words[:, 1])
+    stream = words.astype("<u8").view(np.uint8)[: -(-total // 8)].tobytes()
     stream += bytes(_align16(len(stream)) - len(stream))
     kmap = np.where(raw, 0xE0, (k << 5) | ((unary_bits - BLOCK) & 0x1F)).astype(np.uint8).tobytes()
     kmap += bytes(kmap_bytes(elements) - n)

@@ -177,7 +177,7 @@ def quantize(
         raise UserError(f"unknown quantization scheme '{scheme}'; choose one of {sorted(known)}")
     main = known[scheme]
     fallback = known[main.fallback] if main.fallback else None
-    qgraph = copy.deepcopy(graph)
+    qgraph = graph.copy_sharing_constants()  # the float weights are replaced, never written
     if isinstance(table, CalibrationTable):
         thresholds = thresholds_for_graph(qgraph, table, warn=False, table_names=table_names)
         _check_table_fits(qgraph, thresholds, partial_table, table_names)
