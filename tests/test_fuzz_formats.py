@@ -28,8 +28,8 @@ MEMORY_LIMIT = 1 << 30
 CPU_PER_CASE = 20  # seconds; a valid case takes well under one
 TESTS = Path(__file__).resolve().parent
 
-# One JSON line per case on stdout, flushed before the next case starts, so a child ended by a limit still
-# says which case it was reading.
+# Two marked JSON lines per case on stdout (started, then its outcome), each flushed, so a child ended by a
+# limit still says which case it was reading.
 CHILD = """
 import json, os, resource, sys, tempfile
 from pathlib import Path
@@ -46,10 +46,12 @@ with tempfile.TemporaryDirectory(prefix='npuc-fuzz-test-') as scratch:
         case = fuzzing.make_case(kind, original, Path(scratch), i, rng)
         used = resource.getrusage(resource.RUSAGE_SELF)
         spent = int(used.ru_utime + used.ru_stime) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (spent + {cpu}, resource.RLIM_INFINITY))
-        print(json.dumps({{"case": i, "start": True}}), flush=True)
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        soft = spent + {cpu} if hard == resource.RLIM_INFINITY else min(spent + {cpu}, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        print("fuzz-case", json.dumps({{"case": i, "start": True}}), flush=True)
         what, detail = fuzzing.outcome(kind, case)
-        print(json.dumps({{"case": i, "outcome": what, "detail": detail}}), flush=True)
+        print("fuzz-case", json.dumps({{"case": i, "outcome": what, "detail": detail}}), flush=True)
         fuzzing.remove_case(case, Path(scratch))
 """
 
@@ -67,7 +69,7 @@ def fuzz_format(kind: str, original: Path, cases: int = CASES, seed: int = SEED)
         cpu=CPU_PER_CASE,
     )  # fmt: skip
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line.split(" ", 1)[1]) for line in run.stdout.splitlines() if line.startswith("fuzz-case ")]
     results = {r["case"]: (r["outcome"], r["detail"]) for r in lines if "outcome" in r}
     if run.returncode != 0:
         started = max((r["case"] for r in lines), default=None)
