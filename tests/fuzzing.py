@@ -308,7 +308,7 @@ def outcome(kind: str, case: Path) -> tuple[str, str]:
         read_case(kind, case)
     except UserError as exc:
         message = str(exc)
-        if exc.exit_code != 2 or not message.strip() or "\n" in message or "\r" in message:
+        if exc.exit_code != 2 or not message.strip() or message.splitlines() != [message]:  # any line break
             return "multiline", f"exit {exc.exit_code}: {message!r}"[:300]
         return "user", message
     except MemoryError:
