@@ -8,7 +8,8 @@ artifacts and configs, and for the op list inside the Lyngor program file (`lyng
 a valid CRC), a value replaced by one of another type or out of range) read the way the CLI would (`npuc
 inspect`, `npuc run`, the table readers, `build --config`). Outcomes:
 - `ok` (read fine) and `user` (npuc.UserError: exit 2, one line) are the only acceptable ones;
-- `internal` (any other exception: exit 1), `hang` (over --timeout seconds), `memory` (MemoryError under the
+- `internal` (any other exception: exit 1), `hang` (over --timeout seconds of CPU, or 30 times that of wall
+  time for a case blocked without computing), `memory` (MemoryError under the
   --memory-gib address-space limit), `multiline` (a UserError whose message is empty or not one line) are
   defects; the first few signatures of each are printed (and each new one on stderr when it is first seen).
 Each format runs in a child process of its own, so a limit hit in one does not stop the others. The seeds,
@@ -39,13 +40,17 @@ def _alarm(signum: int, frame: object) -> None:
     raise Hang()
 
 
+WALL_FACTOR = 30  # a wall-clock backstop: on a shared machine a low-priority case may wait long for a core
+
+
 def run_format(
     kind: str, seeds: dict[str, str], count: int, seed: int, timeout: int, memory_gib: float, progress: int = 0
 ) -> dict:
     """Mutate and read `count` cases of one kind; outcome counts and defect signatures."""
     limit = int(memory_gib * (1 << 30))
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGALRM, _alarm)  # wall time: a case blocked in a read
+    signal.signal(signal.SIGPROF, _alarm)  # CPU time of the process: a case that computes without end
     original = Path(seeds[FORMATS[kind][0]])
     rng = case_rng(seed, kind)
     outcomes: Counter = Counter()
@@ -53,13 +58,15 @@ def run_format(
     with tempfile.TemporaryDirectory(prefix=f"npuc-fuzz-{kind}-") as scratch:
         for i in range(count):
             case = make_case(kind, original, Path(scratch), i, rng)
-            signal.alarm(timeout)
+            signal.setitimer(signal.ITIMER_PROF, timeout)
+            signal.alarm(timeout * WALL_FACTOR)
             try:
                 what, detail = outcome(kind, case)
             except Hang:
                 what, detail = "hang", ""
             finally:
                 signal.alarm(0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
             outcomes[what] += 1
             if what not in ("ok", "user"):
                 signature = (what, f"case {i}" if what in ("hang", "memory") else detail[:120])
@@ -77,7 +84,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=10_000)
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=int, default=10)
+    parser.add_argument("--timeout", type=int, default=10, help="CPU seconds a case may take")
     parser.add_argument("--memory-gib", type=float, default=2.0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--progress", type=int, default=500, help="outcome counts on stderr every N cases (0: none)")
