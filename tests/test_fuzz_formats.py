@@ -107,6 +107,7 @@ def test_outcome_tells_defects_from_one_line_errors(tmp_path: Path, monkeypatch:
     for exc, expected in (
         (CorruptFileError("probe.bin: bad magic"), "user"),
         (CorruptFileError("probe.bin: bad magic\nTraceback (most recent call last):"), "multiline"),
+        (CorruptFileError("probe.bin:3: '  type: \rottom'"), "multiline"),
         (CorruptFileError(""), "multiline"),
         (KeyError("shape"), "internal"),
         (MemoryError(), "memory"),
