@@ -244,6 +244,25 @@ class Lut:
     table: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int8))
 
 
+# The values each enum-like string attribute may take, per op kind. Kernels look these strings up in tables
+# (the tests check that the tables hold exactly these keys); a reader of a serialized graph checks a decoded
+# op against them before it is run.
+ATTR_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "pool2d": {"mode": ("max", "avg")},
+    "global_pool": {"mode": ("max", "avg")},
+    "eltwise": {"kind": ("add", "sub", "mul", "div", "max", "min", "pow")},
+    "recurrent": {"cell": ("lstm", "gru"), "direction": ("forward", "reverse", "bidirectional")},
+    "pad": {"mode": ("constant", "reflect", "edge", "wrap")},
+    "resize": {
+        "mode": ("nearest", "linear", "cubic"),
+        "coord_mode": ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+                       "tf_half_pixel_for_nn", "tf_crop_and_resize"),
+        "nearest_mode": ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"),
+    },
+    "reduce": {"kind": ("mean", "max", "min", "sum")},
+}  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Shape rules
 # ---------------------------------------------------------------------------------------------------------

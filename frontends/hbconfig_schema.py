@@ -14,6 +14,7 @@ from typing import Any
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import read_limited
+from npuc.compiler.sanitize import error_text
 
 # Horizon BPU architectures, as hb_mapper names them (its `march` key): X3/J3, J5, X5
 MARCHES = ("bernoulli2", "bayes", "bayes-e")
@@ -147,11 +148,17 @@ def load_yaml(path: Path) -> Any:
         data = yaml.load(text.decode("utf-8"), Loader=_bounded_loader())  # noqa: S506 - a SafeLoader subclass
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; save the config as UTF-8 YAML") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow; str(exc) spans two lines
+        line = text.decode("utf-8")[: max(exc.position, 0)].count("\n") + 1  # position: characters
+        raise UserError(
+            f"{path}: line {line}: invalid YAML (character #x{exc.character:04x} is not allowed in YAML text); "
+            "fix the syntax"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
-        raise UserError(f"{path}:{where}: invalid YAML ({problem}); fix the syntax") from None
+        raise UserError(f"{path}:{where}: invalid YAML ({error_text(problem)}); fix the syntax") from None
     values = expanded_size(data)
     if values > MAX_CONFIG_VALUES:
         raise UserError(

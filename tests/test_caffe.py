@@ -206,6 +206,17 @@ def test_unsupported_layer_names_it(tmp_path):
         import_caffe(tmp_path / "u.prototxt")
 
 
+def test_parse_error_quoting_a_carriage_return_is_one_line(tmp_path):
+    """bench/fuzz.py --seed 10, caffe_prototxt case 235: a byte flipped into CR inside a line the parser quotes
+    made the message two lines."""
+    (tmp_path / "cr.prototxt").write_bytes(b'layer {\n  name: "c"\n  type: \rottom: "x"\n}\n')
+    with pytest.raises(UserError) as info:
+        import_caffe(tmp_path / "cr.prototxt")
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'cr.prototxt'}:3:") and "\\r" in message, message
+    assert message.splitlines() == [message], message
+
+
 def test_bad_files_are_user_errors(tmp_path):
     (tmp_path / "bad.prototxt").write_text('layer { name: "c" type: "Convolution" convolution_param { nope: 1 } }')
     with pytest.raises(UserError, match=r"bad.prototxt:1:"):

@@ -327,6 +327,14 @@ def test_yaml_syntax_and_shape_errors(tmp_path):
     bad.write_text("model_parameters:\n  onnx_model: [unclosed\n")
     with pytest.raises(UserError, match="bad.yaml: line \\d+: invalid YAML"):
         load_config(bad)
+    # bench/fuzz.py --seed 10, hb_yaml: a control byte in the file made pyyaml's report (and the message) two lines
+    for byte in (b"\x00", b"\x08", b"\x1a", b"\x7f"):
+        bad.write_bytes(b"model_parameters:\n  onnx_model: m" + byte + b".onnx\n")
+        with pytest.raises(UserError) as info:
+            load_config(bad)
+        message = str(info.value)
+        assert message.splitlines() == [message], message
+        assert f"bad.yaml: line 2: invalid YAML (character #x{byte[0]:04x} is not allowed" in message, message
     listy = tmp_path / "list.yaml"
     listy.write_text("- a\n- b\n")
     with pytest.raises(UserError, match="the config must be a mapping"):

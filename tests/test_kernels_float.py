@@ -728,3 +728,26 @@ def test_missing_kernel_is_user_error() -> None:
 
 def test_every_op_kind_but_lut_has_a_float_kernel() -> None:
     assert sorted(FLOAT_KERNELS) == sorted(set(O.OPS) - {"lut"})
+
+
+def test_attr_choices_are_what_the_kernels_look_up() -> None:
+    """`ops.ATTR_CHOICES` (what a serialized graph's reader accepts) names exactly the keys of the kernels'
+    tables, and only fields that exist as strings on the op's attribute dataclass."""
+    from dataclasses import fields
+
+    from npuc.compiler.kernels import elementwise, resize, tensor
+
+    choices = O.ATTR_CHOICES
+    assert set(choices["eltwise"]["kind"]) == set(elementwise._BINARY)
+    assert set(choices["reduce"]["kind"]) == set(tensor._REDUCERS)
+    assert set(choices["pad"]["mode"]) == set(tensor._PAD_MODES)
+    assert set(choices["resize"]["mode"]) == {"nearest", *resize._FILTERS}
+    assert set(choices["resize"]["coord_mode"]) == set(resize.COORD_MODES)
+    assert set(choices["resize"]["nearest_mode"]) == set(resize.NEAREST_MODES)
+    for kind, attrs in choices.items():
+        declared = {f.name: str(f.type) for f in fields(O.OPS[kind].attrs)}
+        for name, values in attrs.items():
+            assert declared.get(name) == "str", (kind, name)
+            default = next(f.default for f in fields(O.OPS[kind].attrs) if f.name == name)
+            if isinstance(default, str):
+                assert default in values, (kind, name, default)

@@ -219,9 +219,21 @@ PAYLOAD_CORRUPTIONS: list[tuple[str, Callable[[Path], None], str]] = [
     ("output name a number", lambda t: rewrite_section(t, lambda d: d["outputs"][0].update(name=7)),
      r"outputs\[0\].name = 7 is not of type string"),
     ("pool mode a number", lambda t: rewrite_section(t, lambda d: _first(d, "pool2d")["attrs"].update(mode=1e300)),
-     r"malformed program section \(TypeError: 1e\+300 is not of type str\)"),
+     r"ops\[\d+\].attrs.mode = 1e\+300 is not one of max, avg"),
+    # bench/fuzz.py --seed 10, lyngor_program cases 812 and 4452: the kind reached the kernel table (KeyError)
+    ("eltwise kind unknown", lambda t: rewrite_section(t, lambda d: _first(d, "eltwise")["attrs"].update(kind="abc")),
+     r"ops\[\d+\].attrs.kind = 'abc' is not one of add, sub, mul, div, max, min, pow"),
+    ("eltwise kind a digit", lambda t: rewrite_section(t, lambda d: _first(d, "eltwise")["attrs"].update(kind="1")),
+     r"ops\[\d+\].attrs.kind = '1' is not one of add, sub"),
+    ("global pool mode unknown",
+     lambda t: rewrite_section(t, lambda d: _first(d, "global_pool")["attrs"].update(mode="sum")),
+     r"ops\[\d+\].attrs.mode = 'sum' is not one of max, avg"),
     ("group a float", lambda t: rewrite_section(t, lambda d: _first(d, "conv2d")["attrs"].update(group=1.5)),
      r"malformed program section \(TypeError: 1.5 is not of type int\)"),
+    ("group null", lambda t: rewrite_section(t, lambda d: _first(d, "conv2d")["attrs"].update(group=None)),
+     r"malformed program section \(TypeError: null is not of type int\)"),
+    ("eltwise kind null", lambda t: rewrite_section(t, lambda d: _first(d, "eltwise")["attrs"].update(kind=None)),
+     r"ops\[\d+\].attrs.kind = None is not one of add, sub"),
 ]  # fmt: skip
 
 

@@ -37,6 +37,13 @@ _NAME = {"type": "string", "minLength": 1, "maxLength": 4096}
 _WINDOW = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 1 << 16}}  # 0 divides by zero
 _TENSOR = {"type": "object", "properties": {"name": _NAME, "shape": _DIMS, "dtype": _DTYPE},
            "required": ["name", "shape", "dtype"]}  # fmt: skip
+# An enum-like string attribute must be one its kernel knows (`ops.ATTR_CHOICES`; a cast to a section dtype).
+_CHOICES = [
+    {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+     "then": {"properties": {"attrs": {"properties": {name: {"enum": list(choices)}
+                                                      for name, choices in attrs.items()}}}}}
+    for kind, attrs in {**ops.ATTR_CHOICES, "cast": {"dtype": tuple(_DTYPE["enum"])}}.items()
+]  # fmt: skip
 SECTION: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "npuc_prog.bin section (one resolution's op list)",
@@ -62,6 +69,7 @@ SECTION: dict[str, Any] = {
                     },
                 },
                 "required": ["name", "kind", "inputs", "outputs", "attrs"],
+                "allOf": _CHOICES,
             },
         },
     },
@@ -92,6 +100,8 @@ def _encode_value(value: Any) -> Any:
 def _decode_value(value: Any, type_text: str) -> Any:
     """Rebuild one dataclass field from JSON, guided by the field's annotation text."""
     if value is None:
+        if "None" not in type_text:  # a required field of the dataclass: null would reach the kernel
+            raise TypeError(f"null is not of type {type_text}")
         return None
     if "Activation" in type_text:
         return ops.Activation(**_decode_fields(ops.Activation, value))
