@@ -92,7 +92,8 @@ def test_race_check_accepts_our_ids_and_catches_a_missing_wait() -> None:
     data = stream.to_bytes()
     assert check_cmdbuf(_recording(_machine()), data, 0) == []
     # drop the first TIU's wait: it may now read A before TDMA 1 has filled it
-    stream.records[1][1]["cmd_id_gdma"] = 0
+    first_tiu = next(f for engine, f in stream.records if engine == isa.ENGINE_TIU)  # loads may have moved up
+    first_tiu["cmd_id_gdma"] = 0
     broken = stream.encode()
     (race,) = check_cmdbuf(_recording(_machine()), broken, 0)
     assert (race.engine, race.seq, race.other, race.other_seq, race.kind) == ("TIU", 1, "TDMA", 1, "read after write")
