@@ -1,4 +1,4 @@
-"""cv18xx int8 builds of smallcnn and a resnet18-shaped 224x224 model against tpu-mlir's figures.
+"""cv18xx int8 builds of smallcnn, a resnet18-shaped 224x224 model and PP-LCNet against tpu-mlir's figures.
 
     .venv/bin/python bench/cv18xx.py [--chips cv183x,cv181x] [--samples 4]
 
@@ -12,10 +12,13 @@ Each (model, chip) builds in a fresh child process, so its peak RSS is its own. 
   default options and with layer_group=False, the lower bound (weights as stored + TPU inputs + outputs
   once) and the ratio of the traffic to it; the goals also give the artifact and the DDR bytes of the build
   with raw (uncompressed) filters, compress_weights=False;
-- overlap: the two-engine schedule of the cmdbufs under their sync ids (backends/cv18xx/timing.py, a nominal
-  cost model): the share of the fully serial time the parallel ids hide, and the same build with
-  sync="serial" for comparison (0 by construction), and with tpu-mlir's smallcnn files next to ours.
-resnet18_224 is calibrated in-process (npuc's KL calibration) on a few scikit-image photos.
+- cycles and overlap: the two-engine schedule of the cmdbufs under their sync ids (backends/cv18xx/timing.py,
+  a nominal cost model): the scheduled cycles, the share of the fully serial time the parallel ids hide, and
+  the same build with sync="serial" for comparison (0 by construction); then npuc's cycles, overlap and DDR
+  bytes next to tpu-mlir's (its cvimodel in ../shared/golden/cv18xx where present, scored by the same cost
+  model; for resnet18_224 the figures measured in issue 23).
+resnet18_224 is calibrated in-process (npuc's KL calibration) on a few scikit-image photos, PP-LCNet
+(pplcnet_orientation, fetched) on its real pictures.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ TPU_MLIR = {  # measured here with tpu-mlir 1.30.2 on resnet18_224 (issue 4)
     "shared": 301_056,
     "private": 150_528,
 }
+TPU_MLIR_SCHEDULE = {  # tpu-mlir 1.30.2's cvimodels (cv183x int8) scored by timing.py / traffic.py (issue 23)
+    "resnet18_224": {"cycles": 3_920_000, "overlap": 0.12, "ddr": 12_800_000},
+}
+TPU_MLIR_FILES = {"pplcnet": "pplcnet_tpumlir_{chip}_int8.cvimodel"}  # default: {name}_{chip}_int8.cvimodel
 DDR_GOAL = 1.5  # traffic with layer groups within 1.5x of the lower bound
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "colorwheel", "retina")
 
@@ -64,13 +71,35 @@ def _calibrate_resnet(folder: Path, count: int) -> tuple[Path, Path]:
     return model, table
 
 
-def _build_once(model: Path, table: Path, chip: str, options: dict) -> tuple[float, bytes, dict]:
+def _calibrate_pplcnet(folder: Path, count: int) -> tuple[Path, Path, dict]:
+    """(model, table, input shapes): PP-LCNet (fetched) and a KL table from `count` of its real pictures."""
+    import numpy as np
+
+    from npuc.models.fetch import REAL_MODELS, fetch_model
+    from npuc.models.images import model_inputs
+    from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+    from npuc.passes.calibration.calitable import write_table
+
+    name = "pplcnet_orientation"
+    model, shapes = fetch_model(name), REAL_MODELS[name].input_shapes
+    paths = []
+    for i, feed in enumerate(model_inputs(name, count)):
+        paths.append(folder / f"{name}_{i:02d}.npz")
+        np.savez(paths[-1], **feed)
+    result = calibrate(model, paths, options=CalibrationOptions(method="kl"), input_shapes=shapes)
+    table = folder / f"{name}_cali_table.txt"
+    write_table(result.table, table)
+    return model, table, {k: list(v) for k, v in shapes.items()}
+
+
+def _build_once(model: Path, table: Path, chip: str, options: dict, shapes: dict | None = None
+                ) -> tuple[float, bytes, dict]:  # fmt: skip
     from npuc.backends.cv18xx.build import compile_cvimodel
     from npuc.compiler.targets import BuildRequest
     from npuc.frontends.onnx import import_onnx
     from npuc.passes.rewrite.canonicalize import canonicalize
 
-    graph = import_onnx(model, None, [])  # not timed: the model import
+    graph = import_onnx(model, {k: tuple(v) for k, v in shapes.items()} if shapes else None, [])  # not timed
     start = time.perf_counter()
     canonicalize(graph)
     request = BuildRequest(graph, model, model.with_suffix(".cvimodel"), chip=chip, quant="int8",
@@ -87,22 +116,26 @@ def _peak_rss_mb() -> float:
     return kib / 1024
 
 
-def measure(model: Path, table: Path, chip: str) -> dict:
+def measure(model: Path, table: Path, chip: str, shapes: dict | None = None) -> dict:
     """All figures of one (model, chip) build; run in a fresh process."""
     from npuc.backends.cv18xx.container import read_cvimodel
     from npuc.backends.cv18xx.timing import schedule_model
     from npuc.backends.cv18xx.traffic import lower_bound, tdma_traffic
 
-    cold, data, summary = _build_once(model, table, chip, {})
-    warm = min(_build_once(model, table, chip, {})[0] for _ in range(2))
-    _, data_nolg, _ = _build_once(model, table, chip, {"layer_group": False})
-    _, data_raw, _ = _build_once(model, table, chip, {"compress_weights": False})
+    def build(options: dict) -> tuple[float, bytes, dict]:
+        return _build_once(model, table, chip, options, shapes)
+
+    cold, data, summary = build({})
+    warm = min(build({})[0] for _ in range(2))
+    _, data_nolg, _ = build({"layer_group": False})
+    _, data_raw, _ = build({"compress_weights": False})
     rss_mb = _peak_rss_mb()
     tracemalloc.start()
-    _build_once(model, table, chip, {})
+    build({})
     traced_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     cvi, cvi_nolg = read_cvimodel(data), read_cvimodel(data_nolg)
+    schedule = schedule_model(cvi)
     return {
         "cold_s": cold,
         "warm_s": warm,
@@ -117,13 +150,14 @@ def measure(model: Path, table: Path, chip: str) -> dict:
         "size_raw": len(data_raw),
         "ddr_raw": tdma_traffic(read_cvimodel(data_raw))["total"],
         "bound": lower_bound(cvi)["total"],
-        "overlap": schedule_model(cvi).overlap,
-        "overlap_serial": schedule_model(read_cvimodel(_build_once(model, table, chip, {"sync": "serial"})[1])).overlap,
+        "cycles": schedule.scheduled,
+        "overlap": schedule.overlap,
+        "overlap_serial": schedule_model(read_cvimodel(build({"sync": "serial"})[1])).overlap,
     }
 
 
-def _child(model: Path, table: Path, chip: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(model), str(table), chip]
+def _child(model: Path, table: Path, chip: str, shapes: dict | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--child", str(model), str(table), chip, json.dumps(shapes or {})]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         lines = (out.stderr or out.stdout).strip().splitlines() or ["(no output)"]
@@ -166,25 +200,42 @@ def _goals(chip: str, r: dict) -> list[str]:
     return [f"  resnet18_224 {chip}: {name:<22} {'HOLDS' if ok else 'MISSED'}  ({what})" for name, ok, what in checks]
 
 
-def _print_golden_overlap(chips: list[str]) -> None:
+def _tpu_mlir_schedule(name: str, chip: str) -> dict | None:
+    """tpu-mlir's cycles, overlap and DDR bytes for the model: scored from its file, else measured figures."""
     from npuc.backends.cv18xx.container import read_cvimodel
     from npuc.backends.cv18xx.timing import schedule_model
+    from npuc.backends.cv18xx.traffic import tdma_traffic
 
-    for chip in chips:
-        path = GOLDEN / f"smallcnn_{chip}_int8.cvimodel"
-        if path.exists():
-            print(f"{'  tpu-mlir':<14} {chip:<7} smallcnn overlap {schedule_model(read_cvimodel(path)).overlap:.1%}")
+    path = GOLDEN / TPU_MLIR_FILES.get(name, "{name}_{chip}_int8.cvimodel").format(name=name, chip=chip)
+    if not path.exists():
+        return TPU_MLIR_SCHEDULE.get(name) if chip == "cv183x" else None
+    model = read_cvimodel(path)
+    schedule = schedule_model(model)
+    return {"cycles": schedule.scheduled, "overlap": schedule.overlap, "ddr": tdma_traffic(model)["total"]}
+
+
+def _print_schedules(results: dict) -> None:
+    print(f"{'model':<14} {'chip':<7} {'cycles npuc':>12} {'tpu-mlir':>12} {'overlap npuc':>13} {'tpu-mlir':>9}"
+          f" {'DDR npuc':>12} {'tpu-mlir':>12}")  # fmt: skip
+    for (name, chip), r in results.items():
+        if "error" in r:
+            continue
+        theirs = _tpu_mlir_schedule(name, chip)
+        cycles, overlap, ddr = (
+            (f"{theirs['cycles']:>12,}", f"{theirs['overlap']:>9.1%}", f"{theirs['ddr']:>12,}") if theirs else
+            (f"{'-':>12}", f"{'-':>9}", f"{'-':>12}"))  # fmt: skip
+        print(f"{name:<14} {chip:<7} {r['cycles']:>12,} {cycles} {r['overlap']:>13.1%} {overlap} {r['ddr']:>12,} {ddr}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chips", default="cv183x,cv181x")
     parser.add_argument("--samples", type=int, default=4, help="calibration photos for resnet18_224 (max 7)")
-    parser.add_argument("--child", nargs=3, metavar=("MODEL", "TABLE", "CHIP"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, metavar=("MODEL", "TABLE", "CHIP", "SHAPES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        model, table, chip = args.child
-        print(json.dumps(measure(Path(model), Path(table), chip)))
+        model, table, chip, shapes = args.child
+        print(json.dumps(measure(Path(model), Path(table), chip, json.loads(shapes) or None)))
         return 0
 
     chips = args.chips.split(",")
@@ -192,11 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         resnet = _calibrate_resnet(Path(tmp), args.samples)
         print(f"resnet18_224 calibrated (KL) on {args.samples} photos in {time.perf_counter() - start:.1f} s")
+        start = time.perf_counter()
+        pplcnet = _calibrate_pplcnet(Path(tmp), args.samples)
+        print(f"pplcnet calibrated (KL) on {args.samples} pictures in {time.perf_counter() - start:.1f} s")
         models = {
             "smallcnn": (GOLDEN / "smallcnn.onnx", GOLDEN / "smallcnn_cali_table.txt"),
             "resnet18_224": resnet,
+            "pplcnet": pplcnet,
         }
-        results = {(name, chip): _child(*paths, chip) for name, paths in models.items() for chip in chips}
+        results = {
+            (name, chip): _child(*paths[:2], chip, *paths[2:]) for name, paths in models.items() for chip in chips
+        }
     print(
         "build s: canonicalize + compile, in-process, ONNX import excluded (cold = first in process, warm = best"
         " of 2 more)\npeak MB: tracemalloc peak of one build / process peak RSS (VmHWM, imports included)\n"
@@ -215,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         f" {memory:>10,}   (resnet18_224, pure compile; shared {TPU_MLIR['shared']:,} + private"
         f" {TPU_MLIR['private']:,})"
     )
-    _print_golden_overlap(chips)
+    print("cycles / overlap: timing.schedule_model (nominal cost model); tpu-mlir's from its files or issue 23")
+    _print_schedules(results)
     print("goals against tpu-mlir:")
     for chip in chips:
         r = results[("resnet18_224", chip)]

@@ -92,7 +92,8 @@ def test_race_check_accepts_our_ids_and_catches_a_missing_wait() -> None:
     data = stream.to_bytes()
     assert check_cmdbuf(_recording(_machine()), data, 0) == []
     # drop the first TIU's wait: it may now read A before TDMA 1 has filled it
-    stream.records[1][1]["cmd_id_gdma"] = 0
+    first_tiu = next(f for engine, f in stream.records if engine == isa.ENGINE_TIU)  # loads may have moved up
+    first_tiu["cmd_id_gdma"] = 0
     broken = stream.encode()
     (race,) = check_cmdbuf(_recording(_machine()), broken, 0)
     assert (race.engine, race.seq, race.other, race.other_seq, race.kind) == ("TIU", 1, "TDMA", 1, "read after write")
@@ -120,3 +121,14 @@ def test_tpu_mlir_streams_overlap_and_have_no_race(path) -> None:
     assert find_races(model, feeds) == []
     timing = schedule_model(model)
     assert timing.scheduled < timing.serial
+
+
+def test_an_int8_mac_adding_a_16_bit_sum_reads_its_high_plane() -> None:
+    """mac with opt_res_add reads the 16-bit accumulator (both byte planes) even when it writes an int8
+    result: a load into the high plane must wait for it."""
+    lo = (1, 32, 4, 16)
+    fields = {"tsk_typ": 3, "tsk_eu_typ": 1, "opt_res_add": 1, "opt_res0_seg": 1, "opt_opd1_const": 1,
+              "res0_addr": 0, "opd0_addr": 4096, "res0_b_str": 2048,
+              **{f"{p}_{d}": v for p in ("res0", "opd0", "opd1") for d, v in zip("nchw", lo)}}  # fmt: skip
+    fp = sync.tiu_footprint(fields, CHIP)
+    assert any(a <= 2048 < b for a, b in fp.reads)

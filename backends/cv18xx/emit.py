@@ -3,7 +3,8 @@
 Kernels describe descriptors with the cv182x field names (`isa.TIU_CV182X_LAYOUT`); `encode_tiu` translates
 them to the cv183x table where that chip spells or sizes a field differently. Sync ids are assigned when the
 stream is encoded (sync.py): by default each descriptor waits only for what it truly depends on, so TDMA
-transfers overlap TIU work; `sync="serial"` gives cvikernel's fully ordered scheme.
+transfers overlap TIU work, and first every load moves up the stream past what it does not depend on
+(reorder.hoist_loads: prefetch); `sync="serial"` gives cvikernel's fully ordered scheme, in emission order.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 from npuc.backends.cv18xx import isa
 from npuc.backends.cv18xx.chips import ChipSpec
+from npuc.backends.cv18xx.reorder import LastTouch, hoist_loads
 from npuc.backends.cv18xx.sync import assign_sync
 
 # Non-zero reset values of cvikernel's TIU registers that the arithmetic depends on.
@@ -66,6 +68,11 @@ class CmdStream:
     records: list[tuple[int, dict[str, int]]] = field(default_factory=list)
     layer: int = 0  # debug tag written into every descriptor (layer_info / layer_ID)
     sync: str = "parallel"  # see sync.SYNC_MODES
+    touched: LastTouch = None  # type: ignore[assignment]  # where earlier records touch local memory
+
+    def __post_init__(self) -> None:
+        if self.touched is None:
+            self.touched = LastTouch(self.chip)
 
     def tiu(self, fields: dict[str, int]) -> None:
         f = {**TIU_DEFAULTS, **fields, "layer_info": self.layer & 0xFFFF}
@@ -81,7 +88,9 @@ class CmdStream:
         return {"tiu": tiu, "tdma": len(self.records) - tiu, "tdma_decompressing": vlc}
 
     def to_bytes(self) -> bytes:
-        """The cmdbuf, with the sync ids assigned in `self.sync` mode."""
+        """The cmdbuf, with the sync ids assigned in `self.sync` mode (parallel: loads moved up first)."""
+        if self.sync == "parallel":
+            self.records = hoist_loads(self.records, self.chip)
         assign_sync(self.records, self.chip, self.sync)
         return self.encode()
 

@@ -143,13 +143,16 @@ TIU_EXTRA_READS: dict[str, tuple[OperandRule, ...]] = {
 }
 
 
+def _high_plane(f: _Fields, chip: ChipSpec) -> Span:
+    shape = f.shape("res0")
+    return span(chip, f["res0_addr"] + f["res0_b_str"], shape, _tiu_strides(f, chip, "res0", shape, 1), 1)
+
+
 def _result(f: _Fields, chip: ChipSpec, esz: int) -> list[Span]:
     """res0, and its high byte plane when an int8 operation keeps a 16-bit result."""
     spans = [_operand(f, chip, "res0", esz)]
     if esz == 1 and f["opt_res0_seg"] == 0:
-        shape = f.shape("res0")
-        strides = _tiu_strides(f, chip, "res0", shape, 1)
-        spans.append(span(chip, f["res0_addr"] + f["res0_b_str"], shape, strides, 1))
+        spans.append(_high_plane(f, chip))
     return spans
 
 
@@ -163,6 +166,8 @@ def tiu_footprint(fields: Mapping[str, int], chip: ChipSpec) -> Footprint:
     writes = _result(f, chip, esz)
     if op == "mac":  # accumulates into res0
         reads += writes
+        if esz == 1 and f["opt_res_add"] and f["opt_res0_seg"]:  # a 16-bit sum in, an int8 result out
+            reads.append(_high_plane(f, chip))
     return Footprint(reads, writes)
 
 

@@ -14,12 +14,14 @@ from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, op_where, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline, stream_rows
 from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
+from npuc.backends.cv18xx.timing import TDMA_BYTES_PER_CYCLE, TDMA_SETUP_CYCLES, TIU_SETUP_CYCLES
 from npuc.backends.cv18xx.weights import StagedWeight, bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Op
 from npuc.compiler.kernels.quantized.bf16_conv import conv_transpose_pads, transposed_conv_filter
 
 Window = tiu.Window
+MAX_FILTER_TILES = 8  # double-buffered filter tiles of an input-resident conv may be this many at least
 
 
 def geometry(op: Op, x: GTensor, y: GTensor, kh: int, kw: int) -> Geometry:
@@ -141,7 +143,12 @@ def _conv(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedWeight, params: 
     resident_oc = _input_resident_oc(cg, op, x, y, g, per_oc, rec)
     double_oc = _input_resident_oc(cg, op, x, y, g, per_oc, rec, copies=2)
     if double_oc and -(-oc // double_oc) <= 2 * -(-oc // resident_oc):
-        resident_oc = double_oc  # two filter sets: the next tile's filters load while this tile computes
+        # two filter sets: the next tile's filters load while this tile computes; of the tile sizes giving
+        # at most twice the single-set tiles (or MAX_FILTER_TILES), the one the cost model finds fastest (a
+        # small first tile lets the TIU start early; more, smaller ones add descriptors and compress worse)
+        most = max(2 * -(-oc // resident_oc), MAX_FILTER_TILES)
+        sizes = [t for t in range(cg.chip.lanes, double_oc + 1, cg.chip.lanes) if -(-oc // t) <= most]
+        resident_oc = min(sizes, key=lambda t: (_pipelined_cycles(cg, x, g, oc, t), -t), default=double_oc)
     if resident_oc:
         _conv_input_resident(cg, op, x, y, w, params, oc_base, g, resident_oc)
         return
@@ -195,6 +202,21 @@ def _input_resident_oc(cg: Codegen, op: Op, x: GTensor, y: GTensor, g: Geometry,
     return min(oc, largest_fit(-(-oc // chip.lanes), fits) * chip.lanes)
 
 
+def _pipelined_cycles(cg: Codegen, x: GTensor, g: Geometry, oc: int, tile_oc: int) -> int:
+    """Cycles (timing.py's cost model) of the input-resident conv in double-buffered tiles of `tile_oc`
+    output channels: the first filters load, then each tile's compute runs under the next filters' load and
+    the previous output's store, then the last store."""
+    chip, ic, e = cg.chip, x.shape[1], 2 if x.fmt == "bf16" else 1
+    tiles = [min(tile_oc, oc - o0) for o0 in range(0, oc, tile_oc)]
+    load = [TDMA_SETUP_CYCLES + -(-t * g.kh * g.kw * ic * e // TDMA_BYTES_PER_CYCLE) for t in tiles] + [0]
+    store = [TDMA_SETUP_CYCLES + -(-t * g.oh * g.ow * e // TDMA_BYTES_PER_CYCLE) for t in tiles]
+    per_cycle = chip.eu_bytes // e
+    macs = g.oh * g.ow * g.kh * g.kw * ic  # per lane and channel row
+    compute = [TIU_SETUP_CYCLES + -(-(-(-t // chip.lanes) * macs) // per_cycle) for t in tiles]
+    steps = (max(c, load[j + 1] + (store[j - 1] if j else 0)) for j, c in enumerate(compute))
+    return load[0] + sum(steps) + store[-1]
+
+
 def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedWeight, params: ConvParams,
                          oc_base: int, g: Geometry, tile_oc: int) -> None:  # fmt: skip
     """Load the input (and int8 per-channel records) once; per output-channel tile (a whole number of lanes)
@@ -204,8 +226,7 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedW
     relu, relu_max = fused_relu(op)
     oc = y.shape[1]
     local = cg.local(op)
-    lx = local.tensor((1, x.shape[1], g.ih, g.iw), fmt)
-    dma.load(s, x, lx)
+    lx = local.tensor((1, x.shape[1], g.ih, g.iw), fmt)  # loaded after the first filters (see load below)
     # int8 records load once for every tile; bf16 bias planes load per tile, because the TIU finds the low
     # plane one plane of the tile's own channel count after the high one (sim_tiu._bf16_bias)
     all_params = None if params.bf16 else params.tile(oc_base, oc_base + oc)
@@ -245,7 +266,14 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedW
             s.tiu(tiu.minimum(ly, ly, relu_max))
         dma.store(s, ly, y.slice(c=(o0, o1)))
 
-    pipeline(len(tiles), 2 if set_bytes else 1, lambda j: buffers(j, load=True), work)
+    def load(j: int) -> None:
+        """Tile j's filters; the input after the first tile's: the constants come first in the TDMA stream, so
+        they can be fetched under the previous layer's compute (reorder.py), which the input must wait for."""
+        buffers(j, load=True)
+        if j == 0:
+            dma.load(s, x, lx)
+
+    pipeline(len(tiles), 2 if set_bytes else 1, load, work)
 
 
 def _pad_bottom(g: Geometry) -> int:

@@ -35,7 +35,7 @@ from npuc.backends.cv18xx.kernels.pool import borders, check_pool, pool_geometry
 from npuc.backends.cv18xx.kernels.prelu import compute_prelu
 from npuc.backends.cv18xx.kernels.prelu import constants as prelu_constants
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline
-from npuc.backends.cv18xx.lmem import LTensor, Resident, local_bytes, local_strides
+from npuc.backends.cv18xx.lmem import GTensor, LTensor, Resident, local_bytes, local_strides
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
@@ -443,20 +443,39 @@ def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str]) -> list[Op | Laye
 # --- emission --------------------------------------------------------------------------------------------
 
 
+def _place(cg: Codegen, group: LayerGroup, plan: _Plan) -> None:
+    """Shift the plan to where its first op's constants meet the oldest local data of the units before it
+    (reorder.LastTouch), so their loads can run under that compute."""
+    at = cg.chip.lmem_size - plan.peak if cg.top_aligned else 0  # where plan_group put it
+    first = [
+        (addr - at, addr - at + local_bytes(cg.chip, r.shape, r.fmt, r.eu_align))
+        for r, addr in zip(LOCAL_KERNELS[group.ops[0].kind].resident(cg, group.ops[0]), plan.resident[0])
+    ]
+    touched = cg.stream.touched
+    touched.update(cg.stream.records, len(cg.stream.records))
+    plan.shift(touched.best_shift(first, plan.peak, cg.top_aligned) - at)
+
+
 @kernel("layer_group")
 def emit_group(cg: Codegen, group: LayerGroup) -> None:
     plan = _best_plan(cg, group)
     if plan is None:
         raise UserError(f"{group.name}: its tiles no longer fit {cg.chip.name} local memory")
     s = cg.stream
+    _place(cg, group, plan)
     residents: list[list[LTensor]] = []
+    sources: list[list[GTensor]] = []  # placed in the weight area in op order, loaded in load() below
     for op, addrs in zip(group.ops, plan.resident):
         mine = []
         for r, addr in zip(LOCAL_KERNELS[op.kind].resident(cg, op), addrs):
-            lt = LTensor(addr, r.shape, r.fmt, local_strides(cg.chip, r.shape, r.fmt, r.eu_align))
-            dma.load(s, r.source(), lt)
-            mine.append(lt)
+            mine.append(LTensor(addr, r.shape, r.fmt, local_strides(cg.chip, r.shape, r.fmt, r.eu_align)))
         residents.append(mine)
+        sources.append([r.source() for r in LOCAL_KERNELS[op.kind].resident(cg, op)])
+
+    def load_residents(ops: range) -> None:
+        for k in ops:
+            for src, lt in zip(sources[k], residents[k]):
+                dma.load(s, src, lt)
 
     def loaded(j: int) -> dict[int, tuple[LTensor, Rows]]:
         """Tile j's group inputs: the slot copy each is loaded into, and the rows it holds."""
@@ -468,12 +487,18 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
         return held
 
     def load(j: int, at_op: int | None = None) -> None:
-        """Load tile j's group inputs: all of them, or (at_op) those first read by op `at_op`."""
+        """Load tile j's group inputs: all of them, or (at_op) those first read by op `at_op`. The first op's
+        constants go before tile 0's inputs and the other ops' right after them: the TDMA runs its loads in
+        order, so the first op starts as soon as its own operands are in while the rest stream in under it."""
         b, held = plan.tiles[j].batch, loaded(j)
+        if j == 0 and at_op in (None, 0):
+            load_residents(range(1))
         for slot in plan.slots:
             if slot.loaded and at_op in (None, slot.start):
                 lt, rows = held[id(slot)]
                 dma.load(s, cg.gtensor(slot.tensor).slice(n=(b, b + 1), h=rows), lt)
+        if j == 0 and at_op in (None, 0):
+            load_residents(range(1, len(group.ops)))
 
     def work(j: int) -> None:
         tile = plan.tiles[j]
