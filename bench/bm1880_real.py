@@ -34,7 +34,7 @@ MODELS = {
 }
 
 
-def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str = "default") -> str:
+def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str = "layer") -> str:
     shape, logits = MODELS[name]
     model = fetch_model(name)
     feeds = model_inputs(name, n_calib + n_eval)
@@ -50,9 +50,8 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str 
         spent = time.perf_counter() - start
     dims = ",".join(map(str, shape))
     subprocess.run([sys.executable, "-m", "npuc", "build", str(model), "--target", "bm1880", "--calib", str(table),
-                    "--input-shape", f"{input_name}:{dims}", "-o", str(bmodel),
-                    *(["--option", f"weight_scale={weight_scale}"] if weight_scale != "default" else [])],
-                   check=True)  # fmt: skip
+                    "--input-shape", f"{input_name}:{dims}", "--option", f"weight_scale={weight_scale}",
+                    "-o", str(bmodel)], check=True)  # fmt: skip
     float_model = onnx.load(model)
     float_model.graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -85,8 +84,7 @@ def main() -> None:
     parser.add_argument("--calib", type=int, default=8)
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--work", type=Path, default=Path("build/bm1880_real"))
-    # default: what `npuc build` picks (channel gains with a cali_table)
-    parser.add_argument("--weight-scale", default="default", choices=("default", "layer", "channel"))
+    parser.add_argument("--weight-scale", default="layer", choices=("layer", "channel"))
     args = parser.parse_args()
     for name in args.models.split(","):
         print(measure(name, args.calib, args.eval, args.work / name, args.weight_scale), flush=True)

@@ -9,10 +9,7 @@ Options read from `request.options`:
 - `input_shapes_list`: list of {input name: shape} (repeated --input-shape), one command each;
 - `weights`: the .caffemodel of a Caffe MODEL (a .prototxt), needed to re-import it per shape;
 - `name`: the bmodel's net name (default: the graph's);
-- `weight_scale`: "layer" (BMNet's rule) or "channel" (per-channel power-of-two gains, lower_gains.py). The
-  default follows the table: a BMNet table builds what BMNet builds ("layer"); a cali_table (npuc calibrate,
-  tpu-mlir) gets "channel", which keeps depthwise convs whose channels differ in range accurate (PP-LCNet:
-  0.79 -> 0.985 output cosine).
+- `weight_scale`: "layer" (BMNet's rule, default) or "channel" (per-channel power-of-two gains, lower_gains.py).
 `request.calib_table`: a tpu-mlir cali_table or a BMNet calibration table (.pb2 binary or text prototxt).
 """
 
@@ -35,7 +32,7 @@ from .cmdbuf import encode_cmdbuf
 from .codegen import Program, WeightBlob, plan_neurons
 from .container import CHIP_BM1880, FMT_I8, BModel, Command, TensorInfo, write_bmodel
 from .groups import OPT_LEVELS, form_units
-from .quantize import LoweredNet, is_bmnet_table, load_thresholds, lower
+from .quantize import LoweredNet, load_thresholds, lower
 from .sim import input_name
 
 DEFAULT_OPT = "layer-group"
@@ -170,15 +167,13 @@ def build(request: BuildRequest) -> BuildResult:
     table = load_thresholds(request.calib_table)
     graphs = graphs_per_shape(request)
     name = str(request.options.get("name") or request.graph.name)
-    default_scale = "layer" if is_bmnet_table(request.calib_table) else "channel"
-    weight_scale = str(request.options.get("weight_scale", default_scale))
+    weight_scale = str(request.options.get("weight_scale", "layer"))
     model, stats, notes, host_ops = compile_bmodel(graphs, table, source_table_names(request), opt, name, weight_scale)
     data = write_bmodel(model)
     output = Path(request.output)
     atomic_write_bytes(output, data)
     summary: dict[str, Any] = {
         "opt": opt,
-        "weight_scale": weight_scale,
         "bytes": len(data),
         "weight_bytes": len(model.weights[0]),
         "commands": [

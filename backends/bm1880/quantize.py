@@ -58,16 +58,6 @@ def threshold_for(name: str, table: dict[str, float], table_names: dict[str, str
     return None
 
 
-def is_bmnet_table(path: Path) -> bool:
-    """Whether `path` is a BMNet calibration table (.pb2, binary, or a text prototxt of `layer {` blocks) rather
-    than a tpu-mlir cali_table."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"calibration table not found: {path}; check the --calib path")
-    text = path.read_bytes()[:4096].decode("utf-8", "replace")
-    return path.suffix.lower() == ".pb2" or "\0" in text or bool(re.search(r"^\s*layer\s*\{", text, re.M))
-
-
 def load_thresholds(path: Path) -> dict[str, float]:
     """Thresholds by name from a tpu-mlir cali_table or a BMNet calibration table (.pb2 or text)."""
     from npuc.passes.calibration.calitable import read_table
@@ -75,8 +65,11 @@ def load_thresholds(path: Path) -> dict[str, float]:
     from .calibration import blob_thresholds, load_calibration
 
     path = Path(path)
-    if is_bmnet_table(path):
-        text = path.read_bytes()[:4096].decode("utf-8", "replace")
+    if not path.is_file():
+        raise UserError(f"calibration table not found: {path}; check the --calib path")
+    head = path.read_bytes()[:4096]
+    text = head.decode("utf-8", "replace")
+    if path.suffix.lower() == ".pb2" or "\0" in text or re.search(r"^\s*layer\s*\{", text, re.M):
         msg = load_calibration(path, "text" if re.search(r"^\s*layer\s*\{", text, re.M) else "binary")
         table = {layer.name: float(layer.threshold_y[0]) for layer in msg.layer if layer.threshold_y}
         table.update(blob_thresholds(msg))
