@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from fuzzing import mutate_json  # the fuzzers' mutation, so the test replays what bench/fuzz.py found
 from samples import random_samples
 
 import npuc
 from npuc.compiler.errors import UserError
 from npuc.models.make_models import make_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from fuzz import mutate_json  # noqa: E402  (the bench's mutation, so the test replays what the bench found)
 
 ROUNDS = 1000
 
