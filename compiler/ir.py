@@ -115,7 +115,11 @@ class Graph:
     def add_op(self, kind: str, inputs: list[str], outputs: list[str], attrs: Any = None, name: str = "") -> Op:
         """Append an op, inferring (and creating) its output tensors from the op's shape rule."""
         op = Op(name or outputs[0], kind, list(inputs), list(outputs), attrs)
-        for out, (shape, dtype) in zip(outputs, infer_op(self, op), strict=True):
+        inferred = infer_op(self, op)
+        if len(inferred) != len(outputs):
+            raise UserError(f"op '{op.name}' ({kind}) is given {len(outputs)} outputs but makes {len(inferred)}; "
+                            "remove the extra outputs from the node")  # fmt: skip
+        for out, (shape, dtype) in zip(outputs, inferred, strict=True):
             self.add_tensor(out, shape, dtype)
         self.ops.append(op)
         return op

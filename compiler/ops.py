@@ -335,6 +335,8 @@ def _broadcast(op: Op, shapes: list[Shape]) -> Shape:
 
 def _infer_gemm(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     a: Gemm = op.attrs
+    if len(s[0]) != 2 or len(s[1]) != 2:
+        raise _shape_error(op, f"Gemm takes two matrices, got shapes {list(s[0])} and {list(s[1])}")
     m, k = s[0][::-1] if a.trans_a else s[0]
     k2, n = s[1][::-1] if a.trans_b else s[1]
     if k != k2:

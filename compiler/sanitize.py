@@ -8,7 +8,6 @@ exactly one function here, and every writer goes through it:
 - Python string literal (`py_string`) for generated scripts.
 - a field of a whitespace-separated text table (`table_field`: cali_table, qtable rows): refused, not
   rewritten, when the name cannot be one field (the table is read back by name).
-- text quoted from a damaged file or a parser's report inside a one-line error message (`error_text`).
 JSON manifests need no function of their own: `json.dumps` escapes every string.
 """
 
@@ -73,12 +72,3 @@ def table_field(name: str, what: str) -> str:
             "'#' starts a comment); rename the tensor in the model"
         )
     return name
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
-
-
-def error_text(text: str) -> str:
-    """Text from a file or a parser's report, made fit for a one-line error message: line breaks and other
-    control characters shown as Python escapes (`\\n`, `\\r`, `\\x08`)."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)

@@ -26,7 +26,6 @@ from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 from npuc.compiler.fileio import read_limited
 from npuc.compiler.ir import Graph
 from npuc.compiler.protoschema import load_proto
-from npuc.compiler.sanitize import error_text
 
 MAX_PROTOTXT_BYTES = 64 << 20  # the largest public prototxts are a few hundred KB
 MAX_CAFFEMODEL_BYTES = (2 << 30) - 1  # protobuf messages end at 2 GiB
@@ -57,9 +56,7 @@ def read_prototxt(path: Path):
     try:
         text_format.Parse(text, net)
     except text_format.ParseError as exc:
-        raise UserError(
-            f"{path}:{error_text(str(exc))}; npuc reads the layers and parameters listed in frontends/caffe.proto"
-        ) from None
+        raise UserError(f"{path}:{exc}; npuc reads the layers and parameters listed in frontends/caffe.proto") from None
     return net
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.fileio import read_limited
-from npuc.compiler.sanitize import error_text
 
 # Horizon BPU architectures, as hb_mapper names them (its `march` key): X3/J3, J5, X5
 MARCHES = ("bernoulli2", "bayes", "bayes-e")
@@ -158,7 +157,7 @@ def load_yaml(path: Path) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
-        raise UserError(f"{path}:{where}: invalid YAML ({error_text(problem)}); fix the syntax") from None
+        raise UserError(f"{path}:{where}: invalid YAML ({problem}); fix the syntax") from None
     values = expanded_size(data)
     if values > MAX_CONFIG_VALUES:
         raise UserError(

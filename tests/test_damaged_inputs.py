@@ -79,6 +79,35 @@ def test_cvimodel_input_of_another_size(tmp_path: Path) -> None:
         npuc.run(out, {"input": np.zeros((1, 3, 16, 16), np.float32)})
 
 
+def _node(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op_type)
+
+
+def _flatten_gemm_weight(model: onnx.ModelProto) -> None:
+    weight = next(t for t in model.graph.initializer if t.name == _node(model, "Gemm").input[1])
+    size = int(np.prod(weight.dims))
+    del weight.dims[:]
+    weight.dims.append(size)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [  # found by bench/fuzz.py --seed 11 (onnx cases 1451, 4511, 6099)
+        (lambda m: setattr(_node(m, "Gemm"), "op_type", "Gemm*\r"), r"\(Gemm\*\\r\)"),
+        (lambda m: _node(m, "Add").output.append("extra"), "is given 2 outputs but makes 1"),
+        (_flatten_gemm_weight, r"Gemm takes two matrices, got shapes \[1, 16\] and \[160\]"),
+    ],
+    ids=["control character in an op type", "extra output", "gemm vector"],
+)
+def test_onnx_node_damage_is_one_line(tmp_path: Path, damage, message: str) -> None:  # noqa: ANN001
+    model = onnx.load(_tinycnn(tmp_path))
+    damage(model)
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(UserError, match=message) as info:
+        npuc.inspect(tmp_path / "bad.onnx")
+    assert "\n" not in str(info.value) and "\r" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
