@@ -147,6 +147,21 @@ def test_cvimodel_gmem_beyond_any_board(tmp_path: Path) -> None:
         read_cvimodel(write_cvimodel(model))  # refused when read, before the simulator allocates
 
 
+def test_cvimodel_tensor_size_not_whole_elements(tmp_path: Path) -> None:
+    """An output tensor one byte larger than its float32 elements (bench/fuzz.py --seed 11, cvimodel case
+    1055): one line naming it, not numpy's view error."""
+    from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
+
+    out = tmp_path / "m.cvimodel"
+    npuc.build(_tinycnn(tmp_path), "cv18xx", out, quant="bf16")
+    model = read_cvimodel(out.read_bytes())
+    tensor = next(t for t in model.body.programs[0].tensor_map if t.name == "output")
+    tensor.size += 1
+    (tmp_path / "bad.cvimodel").write_bytes(write_cvimodel(model))
+    with pytest.raises(UserError, match=r"tensor 'output': 41 bytes is not a whole number of its 4-byte elements"):
+        npuc.run(tmp_path / "bad.cvimodel", {"input": np.zeros((1, 3, 32, 32), np.float32)})
+
+
 def test_cvimodel_cpu_routine_without_outputs(tmp_path: Path) -> None:
     from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
     from npuc.backends.cv18xx.sim import run_cvimodel

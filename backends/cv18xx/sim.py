@@ -237,6 +237,10 @@ def tensor_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
     mem = gmem.regions[region]
     if local + t.size > len(mem):
         raise UserError(f"tensor {t.name!r} ({t.size} bytes at {local:#x}) exceeds gmem region {region}")
+    itemsize = np.dtype(DTYPES[t.dtype]).itemsize
+    if t.size % itemsize:
+        raise CorruptFileError(f"tensor {t.name!r}: {t.size} bytes is not a whole number of its {itemsize}-byte "
+                               "elements; the file is damaged, rebuild it")  # fmt: skip
     return mem[local : local + t.size].view(DTYPES[t.dtype])
 
 
