@@ -15,9 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserError
-from .ops import infer_op  # ops names ir's types for type checking only
-
-Shape = tuple[int, ...]
+from .ops import Op, Shape, infer_op
 
 
 @dataclass
@@ -56,15 +54,6 @@ class Tensor:
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
-
-
-@dataclass(eq=False)  # an op is an entity: two ops are equal only if they are the same op
-class Op:
-    name: str
-    kind: str
-    inputs: list[str]
-    outputs: list[str]
-    attrs: Any = None
 
 
 @dataclass
@@ -115,7 +104,7 @@ class Graph:
     def add_op(self, kind: str, inputs: list[str], outputs: list[str], attrs: Any = None, name: str = "") -> Op:
         """Append an op, inferring (and creating) its output tensors from the op's shape rule."""
         op = Op(name or outputs[0], kind, list(inputs), list(outputs), attrs)
-        inferred = infer_op(self, op)
+        inferred = infer_op(op, self.tensors)
         if len(inferred) != len(outputs):
             raise UserError(f"op '{op.name}' ({kind}) is given {len(outputs)} outputs but makes {len(inferred)}; "
                             "remove the extra outputs from the node")  # fmt: skip
@@ -189,7 +178,7 @@ class Graph:
                             "has a cycle or is out of order"
                         )
                     raise UserError(f"op '{op.name}' ({op.kind}) reads '{name}', which nothing produces")
-            for out, (shape, _dtype) in zip(op.outputs, infer_op(self, op), strict=True):
+            for out, (shape, _dtype) in zip(op.outputs, infer_op(op, self.tensors), strict=True):
                 declared = self.tensors.get(out)
                 if declared is None:
                     raise UserError(f"op '{op.name}' output '{out}' has no tensor")

@@ -7,16 +7,27 @@ again by `Graph.verify`). Fused activations live in the `act` field of the ops t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .errors import UserError
 
-if TYPE_CHECKING:
-    from .ir import Graph, Op, Shape
+Shape = tuple[int, ...]
+
+
+@dataclass(eq=False)  # an op is an entity: two ops are equal only if they are the same op
+class Op:
+    """One node of the IR: a kind of OPS, the tensor names it reads and writes, its attributes."""
+
+    name: str
+    kind: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: Any = None
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Attribute dataclasses
@@ -267,7 +278,7 @@ ATTR_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
 # Shape rules
 # ---------------------------------------------------------------------------------------------------------
 
-InferFn = Callable[["Graph", "Op", list["Shape"]], list["Shape"]]
+InferFn = Callable[[Op, list[Shape]], list[Shape]]
 
 
 @dataclass(frozen=True)
@@ -283,7 +294,7 @@ def _conv_out(size: int, k: int, stride: int, dilation: int, pad: int) -> int:
     return (size + pad - dilation * (k - 1) - 1) // stride + 1
 
 
-def _infer_conv(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_conv(op: Op, s: list[Shape]) -> list[Shape]:
     a: Conv2d = op.attrs
     if len(s[0]) != 4 or len(s[1]) != 4:
         raise _shape_error(op, f"a 2-D conv takes a 4-D input and weight, not {list(s[0])} and {list(s[1])}")
@@ -295,7 +306,7 @@ def _infer_conv(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [(n, oc, oh, ow)]
 
 
-def _infer_conv_transpose(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_conv_transpose(op: Op, s: list[Shape]) -> list[Shape]:
     a: ConvTranspose2d = op.attrs
     if len(s[0]) != 4 or len(s[1]) != 4:
         raise _shape_error(op, f"a 2-D transposed conv takes a 4-D input and weight, not {list(s[0])}, {list(s[1])}")
@@ -318,7 +329,7 @@ def pool_out_size(size: int, k: int, stride: int, dilation: int, pad_begin: int,
     return out
 
 
-def _infer_pool(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_pool(op: Op, s: list[Shape]) -> list[Shape]:
     a: Pool2d = op.attrs
     n, c, h, w = s[0]
     oh = pool_out_size(h, a.kernel[0], a.strides[0], a.dilations[0], a.pads[0], a.pads[2], a.ceil_mode)
@@ -333,7 +344,7 @@ def _broadcast(op: Op, shapes: list[Shape]) -> Shape:
         raise _shape_error(op, f"inputs {[list(x) for x in shapes]} do not broadcast") from None
 
 
-def _infer_gemm(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_gemm(op: Op, s: list[Shape]) -> list[Shape]:
     a: Gemm = op.attrs
     if len(s[0]) != 2 or len(s[1]) != 2:
         raise _shape_error(op, f"Gemm takes two matrices, got shapes {list(s[0])} and {list(s[1])}")
@@ -346,7 +357,7 @@ def _infer_gemm(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [(m, n)]
 
 
-def _infer_matmul(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_matmul(op: Op, s: list[Shape]) -> list[Shape]:
     try:
         shape = np.matmul(np.empty(s[0], np.int8), np.empty(s[1], np.int8)).shape
     except ValueError:
@@ -354,7 +365,7 @@ def _infer_matmul(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [tuple(shape)]
 
 
-def _infer_concat(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_concat(op: Op, s: list[Shape]) -> list[Shape]:
     axis = op.attrs.axis % len(s[0])
     for other in s[1:]:
         if len(other) != len(s[0]) or any(a != b for i, (a, b) in enumerate(zip(s[0], other)) if i != axis):
@@ -364,13 +375,13 @@ def _infer_concat(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [tuple(out)]
 
 
-def _infer_reshape(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_reshape(op: Op, s: list[Shape]) -> list[Shape]:
     if int(np.prod(op.attrs.shape)) != int(np.prod(s[0])):
         raise _shape_error(op, f"cannot reshape {list(s[0])} to {list(op.attrs.shape)}")
     return [tuple(op.attrs.shape)]
 
 
-def _infer_slice(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_slice(op: Op, s: list[Shape]) -> list[Shape]:
     a: Slice = op.attrs
     out = list(s[0])
     for start, end, axis, step in zip(a.starts, a.ends, a.axes, a.steps):
@@ -378,14 +389,14 @@ def _infer_slice(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [tuple(out)]
 
 
-def _infer_split(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_split(op: Op, s: list[Shape]) -> list[Shape]:
     a: Split = op.attrs
     if sum(a.sizes) != s[0][a.axis]:
         raise _shape_error(op, f"split sizes {list(a.sizes)} do not add up to {s[0][a.axis]}")
     return [tuple(s[0][: a.axis]) + (n,) + tuple(s[0][a.axis + 1 :]) for n in a.sizes]
 
 
-def _infer_recurrent(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_recurrent(op: Op, s: list[Shape]) -> list[Shape]:
     a: Recurrent = op.attrs
     if len(s[0]) != 3:
         raise _shape_error(op, f"the sequence input is {list(s[0])}; it must be [seq, batch, features]")
@@ -398,25 +409,25 @@ def _infer_recurrent(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
     return [(seq, a.directions, batch, a.hidden), state] + ([state] if a.cell == "lstm" else [])
 
 
-def _infer_pad(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_pad(op: Op, s: list[Shape]) -> list[Shape]:
     rank = len(s[0])
     pads = op.attrs.pads
     return [tuple(d + pads[i] + pads[i + rank] for i, d in enumerate(s[0]))]
 
 
-def _infer_reduce(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_reduce(op: Op, s: list[Shape]) -> list[Shape]:
     a: Reduce = op.attrs
     if a.keepdims:
         return [tuple(1 if i in a.axes else d for i, d in enumerate(s[0]))]
     return [tuple(d for i, d in enumerate(s[0]) if i not in a.axes)]
 
 
-def _infer_gather(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _infer_gather(op: Op, s: list[Shape]) -> list[Shape]:
     axis = op.attrs.axis
     return [tuple(s[0][:axis]) + tuple(s[1]) + tuple(s[0][axis + 1 :])]
 
 
-def _same(g: Graph, op: Op, s: list[Shape]) -> list[Shape]:
+def _same(op: Op, s: list[Shape]) -> list[Shape]:
     return [s[0]]
 
 
@@ -430,35 +441,36 @@ OPS: dict[str, OpDef] = {
         OpDef("conv2d", Conv2d, _infer_conv, (2, 3)),
         OpDef("conv_transpose2d", ConvTranspose2d, _infer_conv_transpose, (2, 3)),
         OpDef("pool2d", Pool2d, _infer_pool, (1, 1)),
-        OpDef("global_pool", GlobalPool, lambda g, op, s: [s[0][:2] + (1,) * (len(s[0]) - 2)], (1, 1)),
-        OpDef("eltwise", Eltwise, lambda g, op, s: [_broadcast(op, s)], (1, -1)),
+        OpDef("global_pool", GlobalPool, lambda op, s: [s[0][:2] + (1,) * (len(s[0]) - 2)], (1, 1)),
+        OpDef("eltwise", Eltwise, lambda op, s: [_broadcast(op, s)], (1, -1)),
         OpDef("gemm", Gemm, _infer_gemm, (2, 3)),
         OpDef("matmul", MatMul, _infer_matmul, (2, 2)),
         OpDef("activation", ActivationOp, _same, (1, 1)),
-        OpDef("prelu", PRelu, lambda g, op, s: [_broadcast(op, s)], (2, 2)),
+        OpDef("prelu", PRelu, lambda op, s: [_broadcast(op, s)], (2, 2)),
         OpDef("channel_scale", ChannelScale, _same, (3, 3)),
         OpDef("softmax", Softmax, _same, (1, 1)),
         OpDef("layer_norm", LayerNorm, _same, (2, 3)),
         OpDef("concat", Concat, _infer_concat, (1, -1)),
         OpDef("reshape", Reshape, _infer_reshape, (1, 1)),
-        OpDef("transpose", Transpose, lambda g, op, s: [tuple(s[0][p] for p in op.attrs.perm)], (1, 1)),
+        OpDef("transpose", Transpose, lambda op, s: [tuple(s[0][p] for p in op.attrs.perm)], (1, 1)),
         OpDef("slice", Slice, _infer_slice, (1, 1)),
         OpDef("split", Split, _infer_split, (1, 1)),
         OpDef("recurrent", Recurrent, _infer_recurrent, (5, 7)),
         OpDef("pad", Pad, _infer_pad, (1, 1)),
-        OpDef("resize", Resize, lambda g, op, s: [tuple(op.attrs.out_shape)], (1, 1)),
+        OpDef("resize", Resize, lambda op, s: [tuple(op.attrs.out_shape)], (1, 1)),
         OpDef("lrn", LRN, _same, (1, 1)),
         OpDef("reduce", Reduce, _infer_reduce, (1, 1)),
         OpDef("gather", Gather, _infer_gather, (2, 2)),
-        OpDef("expand", Expand, lambda g, op, s: [_broadcast(op, [s[0], op.attrs.shape])], (1, 1)),
+        OpDef("expand", Expand, lambda op, s: [_broadcast(op, [s[0], op.attrs.shape])], (1, 1)),
         OpDef("cast", Cast, _same, (1, 1), keeps_dtype=False),
         OpDef("lut", Lut, _same, (1, 1)),
     )
 }
 
 
-def infer_op(g: Graph, op: Op) -> list[tuple[Shape, str]]:
-    """Output (shape, dtype) pairs of `op` given the tensors it reads."""
+def infer_op(op: Op, tensors: Mapping[str, Any]) -> list[tuple[Shape, str]]:
+    """Output (shape, dtype) pairs of `op` given the tensors it reads (`tensors`: name -> an object with
+    `.shape` and `.dtype`, a graph's tensor table)."""
     opdef = OPS.get(op.kind)
     if opdef is None:
         raise UserError(f"op '{op.name}' has kind '{op.kind}', which is not in the IR vocabulary")
@@ -468,9 +480,9 @@ def infer_op(g: Graph, op: Op) -> list[tuple[Shape, str]]:
     present = [name for name in op.inputs if name]
     if len(present) < lo or (hi >= 0 and len(present) > hi):
         raise UserError(f"op '{op.name}' ({op.kind}) has {len(present)} inputs; expected {lo}..{hi}")
-    in_shapes = [g.tensors[name].shape for name in present]
-    shapes = opdef.infer(g, op, in_shapes)
-    dtype = g.tensors[present[0]].dtype if opdef.keeps_dtype else op.attrs.dtype
+    in_shapes = [tensors[name].shape for name in present]
+    shapes = opdef.infer(op, in_shapes)
+    dtype = tensors[present[0]].dtype if opdef.keeps_dtype else op.attrs.dtype
     return [(tuple(int(d) for d in shape), dtype) for shape in shapes]
 
 

@@ -1,7 +1,8 @@
 """The package's imports run one way: no module reaches back, directly or through others, to one that imports
 it, and the layers stack as cli -> api -> backends -> passes -> frontends -> compiler (the core): a module
 imports its own layer or a lower one, never a higher one. Function-level imports count (a lazy import is still
-a dependency); imports only for type checking do not. Registries that import by module name (compiler/targets,
+a dependency), and so do imports only for type checking (an annotation that needs the other module is a
+dependency too). Registries that import by module name (compiler/targets,
 compiler/artifacts, passes/quantization/quantize SCHEME_MODULES, passes/export/qdq EXACT_WRITER_MODULES) are
 how a lower layer reaches the backends: those modules register themselves, the lower layer never names their
 contents."""
@@ -28,15 +29,6 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    """ids of the import nodes inside `if TYPE_CHECKING:` blocks."""
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped |= {id(n) for part in node.body for n in ast.walk(part)}
-    return skipped
-
-
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
 
@@ -50,11 +42,8 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
-        skipped = _type_checking_nodes(tree)
         package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
         for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
             if isinstance(node, ast.Import):
                 targets = [resolve(a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom):

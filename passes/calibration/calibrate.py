@@ -43,11 +43,11 @@ from npuc.frontends.onnx import InputShapes, import_model, load_model, pin_input
 from npuc.passes.calibration import shards
 from npuc.passes.calibration.calitable import CalibrationTable, table_from_rows
 from npuc.passes.calibration.histogram import DEFAULT_BINS, THRESHOLD_METHODS, CalibrationStats, load_stats, table_rows
-from npuc.passes.calibration.preprocess import InputSpec, Preprocess, list_samples, load_sample, model_inputs
+from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample, model_inputs
 from npuc.passes.calibration.refine import METHODS as REFINE_METHODS
 from npuc.passes.calibration.refine import RefineResult
 from npuc.passes.calibration.refinement import refine_for_table, split_for_table
-from npuc.passes.calibration.tap import TensorTap, sweep
+from npuc.passes.calibration.tap import CalibrationPlan, TensorTap, sweep
 from npuc.passes.calibration.tune import tune_table
 from npuc.passes.rewrite.canonicalize import canonicalize
 
@@ -105,16 +105,6 @@ class CalibrationOptions:
     def method_label(self) -> str:
         """The method as written in the table header."""
         return f"percentile{self.percentile:g}" if self.method == "percentile" else self.method
-
-
-@dataclass(frozen=True)
-class CalibrationPlan:
-    """The shape-pinned model, its inputs, and the tensors to observe: ONNX name -> table name, in order."""
-
-    model: onnx.ModelProto
-    inputs: list[InputSpec]
-    observed: dict[str, str]
-    skipped: list[str]  # IR activations with no ONNX tensor of their own (created by a converter)
 
 
 Progress = Callable[[str, int], Callable[[int], None]]  # (label, total) -> advance(n)

@@ -25,12 +25,13 @@ import numpy as np
 
 from npuc.compiler.errors import UserError
 from npuc.frontends.onnx import InputShapes
-from npuc.passes.calibration.calibrate import CalibrationOptions, CalibrationPlan, fit_to_samples
+from npuc.passes.calibration.calibrate import CalibrationOptions, fit_to_samples
 from npuc.passes.calibration.calitable import CalibrationTable
 from npuc.passes.calibration.compare import Agreement, CompareReport, Comparison
 from npuc.passes.calibration.method_choice import objective, reference_seconds
 from npuc.passes.calibration.refine import RefineResult
 from npuc.passes.calibration.refinement import Refinement
+from npuc.passes.calibration.tap import CalibrationPlan
 from npuc.passes.quantization.qsim import batch_first
 
 FIT_OPTIONS = CalibrationOptions(method="kl", tune=5, refine="weights", split_channels=3)

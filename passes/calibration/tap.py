@@ -6,19 +6,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from npuc.compiler.errors import UserError
-from npuc.passes.calibration.preprocess import Preprocess, load_sample
-
-if TYPE_CHECKING:
-    from npuc.passes.calibration.calibrate import CalibrationPlan
+from npuc.passes.calibration.preprocess import InputSpec, Preprocess, load_sample
 
 BATCH_CHECK_RTOL = 1e-3
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """The shape-pinned model, its inputs, and the tensors to observe: ONNX name -> table name, in order."""
+
+    model: onnx.ModelProto
+    inputs: list[InputSpec]
+    observed: dict[str, str]
+    skipped: list[str]  # IR activations with no ONNX tensor of their own (created by a converter)
 
 
 class TensorTap:
