@@ -149,7 +149,7 @@ def test_cvimodel_gmem_beyond_any_board(tmp_path: Path) -> None:
 
 def test_cvimodel_tensor_size_not_whole_elements(tmp_path: Path) -> None:
     """An output tensor one byte larger than its float32 elements (bench/fuzz.py --seed 11, cvimodel case
-    1055): one line naming it, not numpy's view error."""
+    1055): refused when the file is read, one line naming it, not numpy's view error."""
     from npuc.backends.cv18xx.container import read_cvimodel, write_cvimodel
 
     out = tmp_path / "m.cvimodel"
@@ -158,7 +158,7 @@ def test_cvimodel_tensor_size_not_whole_elements(tmp_path: Path) -> None:
     tensor = next(t for t in model.body.programs[0].tensor_map if t.name == "output")
     tensor.size += 1
     (tmp_path / "bad.cvimodel").write_bytes(write_cvimodel(model))
-    with pytest.raises(UserError, match=r"tensor 'output': 41 bytes is not a whole number of its 4-byte elements"):
+    with pytest.raises(UserError, match=r"tensor 'output' is 41 bytes, not a whole number of its 4-byte elements"):
         npuc.run(tmp_path / "bad.cvimodel", {"input": np.zeros((1, 3, 32, 32), np.float32)})
 
 

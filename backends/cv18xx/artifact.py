@@ -33,7 +33,7 @@ def _describe(path: Path, options: ArtifactOptions) -> str:
 
 
 def _inputs(path: Path, options: ArtifactOptions) -> list[TensorSpec]:
-    from .sim import DTYPES
+    from .container import DTYPES
 
     model = read_cvimodel(path)
     prog = model.body.programs[0]

@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from npuc.backends.cv18xx import fbcodec
 from npuc.backends.cv18xx.chips import CHIPS
 from npuc.backends.cv18xx.fbs import Schema, load_schema
@@ -26,6 +28,8 @@ HEADER_SIZE = HEADER.size  # 48
 VERSION = (1, 4, 0)
 REGION_WEIGHT = 1
 MAX_REGIONS = 8
+# cvimodel DType -> numpy dtype of a tensor's bytes in gmem (bf16 kept as raw uint16)
+DTYPES = {0: np.float32, 1: np.int32, 2: np.uint32, 3: np.uint16, 4: np.int16, 5: np.uint16, 6: np.int8, 7: np.uint8}
 MAX_CVIMODEL_BYTES = 1 << 30  # the largest CV18xx board has 512 MiB of ION memory
 
 # Order in which tpu-mlir's CviModelBuilder serializes the out-of-line children of each table; only byte
@@ -177,6 +181,12 @@ def gmem_sizes(prog: Any) -> dict[int, int]:
     return sizes
 
 
+def _check_whole_elements(tag: str, size: int, dtype: int, where: str) -> None:
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
+    if size % itemsize:
+        raise _fail(where, f"{tag} is {size} bytes, not a whole number of its {itemsize}-byte elements")
+
+
 def _validate_body(model: CviModel, where: str) -> None:
     body = model.body
     if body.version.major_ != VERSION[0] or body.version.minor_ > VERSION[1]:
@@ -187,8 +197,9 @@ def _validate_body(model: CviModel, where: str) -> None:
     dtypes = model_schema().enums["DType"]
     weight_bytes = len(model.weight)
     for w in body.weight_map or []:
-        if dtypes.name_of(w.type) is None:
+        if dtypes.name_of(w.type) is None or w.type not in DTYPES:
             raise _fail(where, f"weight {w.name!r} has unknown dtype {w.type}")
+        _check_whole_elements(f"weight {w.name!r}", w.size, w.type, where)
         local = w.offset - (REGION_WEIGHT << 40)
         if not 0 <= local <= weight_bytes - w.size:
             raise _fail(where, f"weight {w.name!r} at {w.offset:#x} (+{w.size}) lies outside the weight section")
@@ -198,8 +209,9 @@ def _validate_body(model: CviModel, where: str) -> None:
         names = set()
         for t in prog.tensor_map:
             tag = f"program {pi} tensor {t.name!r}"
-            if dtypes.name_of(t.dtype) is None:
+            if dtypes.name_of(t.dtype) is None or t.dtype not in DTYPES:
                 raise _fail(where, f"{tag} has unknown dtype {t.dtype}")
+            _check_whole_elements(tag, t.size, t.dtype, where)
             region = (t.offset >> 40) & 0xFF
             if t.offset < 0 or region >= MAX_REGIONS or region == REGION_WEIGHT:
                 raise _fail(where, f"{tag} has offset {t.offset:#x} outside the neuron/io regions")

@@ -18,24 +18,13 @@ import numpy as np
 from npuc.backends.cv18xx import compression, isa
 from npuc.backends.cv18xx.chips import CHIPS, ChipSpec
 from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
-from npuc.backends.cv18xx.container import CviModel, decode_cpu_args, gmem_sizes, model_schema
+from npuc.backends.cv18xx.container import DTYPES, CviModel, decode_cpu_args, gmem_sizes, model_schema
 from npuc.backends.cv18xx.sim_cpu import CPU_FUNCTIONS
 from npuc.backends.cv18xx.sim_mem import FORMATS, MAX_ACCESS_BYTES, GlobalMemory, LocalMemory
 from npuc.backends.cv18xx.sim_tiu import TIU_KERNELS, TiuContext, bf16_to_f32, f32_to_bf16
 from npuc.compiler.errors import CorruptFileError, UnsupportedError, UserError
 
 REGION_BITS = 40
-# cvimodel DType -> numpy dtype of the tensor's bytes in gmem (bf16 kept as raw uint16).
-DTYPES = {
-    0: np.float32,
-    1: np.int32,
-    2: np.uint32,
-    3: np.uint16,
-    4: np.int16,
-    5: np.uint16,
-    6: np.int8,
-    7: np.uint8,
-}
 _TDMA_FMT = {1: "i8", 2: "bf16"}
 
 
@@ -237,10 +226,6 @@ def tensor_view(gmem: GlobalMemory, t: Any) -> np.ndarray:
     mem = gmem.regions[region]
     if local + t.size > len(mem):
         raise UserError(f"tensor {t.name!r} ({t.size} bytes at {local:#x}) exceeds gmem region {region}")
-    itemsize = np.dtype(DTYPES[t.dtype]).itemsize
-    if t.size % itemsize:
-        raise CorruptFileError(f"tensor {t.name!r}: {t.size} bytes is not a whole number of its {itemsize}-byte "
-                               "elements; the file is damaged, rebuild it")  # fmt: skip
     return mem[local : local + t.size].view(DTYPES[t.dtype])
 
 

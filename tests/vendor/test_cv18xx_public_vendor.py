@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from golden import GOLDEN_ROOT
 
-from npuc.backends.cv18xx.container import read_cvimodel
-from npuc.backends.cv18xx.sim import DTYPES, run_cvimodel
+from npuc.backends.cv18xx.container import DTYPES, read_cvimodel
+from npuc.backends.cv18xx.sim import run_cvimodel
 
 from .cv18xx_sim import run_vendor
 
