@@ -58,6 +58,26 @@ def test_dmp_layer_table_values_of_any_type(tmp_path: Path) -> None:
     assert outcomes["user"] > ROUNDS // 4  # most damage is caught, and nothing else escapes
 
 
+@pytest.mark.parametrize("perm", [[], [0] * 10, list(range(1, 11)), list(range(9))])
+def test_dmp_output_perm_must_be_a_permutation(tmp_path: Path, perm: list[int]) -> None:
+    """bench/fuzz.py --seed 12 case 9900: an output binding's `perm` emptied by damage indexed past the buffer."""
+    out = tmp_path / "dmp"
+    npuc.build(_tinycnn(tmp_path), "dmp", out)
+    (table,) = out.glob("*_layers.json")
+    data = json.loads(table.read_text())
+    data["outputs"][0].update(view="flat", perm=perm)
+    table.write_text(json.dumps(data))
+    with pytest.raises(UserError, match=r"binding 'output' perm is not a permutation of its 10-element flat buffer"):
+        npuc.run(out, {"input": np.zeros((1, 3, 32, 32), np.float32)})
+    data["outputs"][0]["perm"] = list(range(10))[::-1]  # a true permutation is read and applied
+    table.write_text(json.dumps(data))
+    reversed_ = npuc.run(out, {"input": np.ones((1, 3, 32, 32), np.float32)})["output"]
+    data["outputs"][0]["perm"] = None
+    table.write_text(json.dumps(data))
+    plain = npuc.run(out, {"input": np.ones((1, 3, 32, 32), np.float32)})["output"]
+    np.testing.assert_array_equal(reversed_.reshape(-1), plain.reshape(-1)[::-1])
+
+
 def test_onnx_initializer_and_attribute_damage(tmp_path: Path) -> None:
     model = onnx.load(_tinycnn(tmp_path))
     model.graph.initializer[0].dims[0] += 1  # dims that disagree with the stored data

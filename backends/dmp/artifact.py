@@ -47,6 +47,7 @@ def load_network(path: Path) -> tuple[Network, bytes]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptFileError(f"{table}: not valid JSON ({exc}); regenerate the output") from None
     net = network_from_dict(check(data, LAYERS_JSON, str(table), "the layer table is damaged, rebuild the output"))
+    _check_permutations(net, table)
     weights = table.parent / f"{net.name}_weights.bin"
     if not weights.is_file():
         raise CorruptFileError(f"{weights} is missing; the folder must hold the weights next to the layer table")
@@ -55,6 +56,20 @@ def load_network(path: Path) -> tuple[Network, bytes]:
             f"{weights}: {weights.stat().st_size} bytes, but the layer table reserves {net.weights_size}"
         )
     return net, read_limited(weights, "DMP weights file", net.weights_size)
+
+
+def _check_permutations(net: Network, table: Path) -> None:
+    """A flat binding's `perm` must reorder its whole buffer: one position per element, each used once."""
+    for binding in net.inputs + net.outputs:
+        if binding.perm is None:
+            continue
+        size = int(np.prod(binding.dims))
+        perm = np.asarray(binding.perm, np.int64)
+        if binding.view != "flat" or perm.size != size or not np.array_equal(np.sort(perm), np.arange(size)):
+            raise CorruptFileError(
+                f"{table}: binding '{binding.name}' perm is not a permutation of its {size}-element "
+                f"{binding.view} buffer; the layer table is damaged, rebuild the output"
+            )
 
 
 def describe_network(net: Network) -> str:
