@@ -2,6 +2,7 @@
 written bmodel simulated from its bytes on other pictures against onnxruntime.
 
     .venv/bin/python bench/bm1880_real.py [--models pplcnet_orientation,mbv3_textline_cls] [--calib 8] [--eval 16]
+                                          [--weight-scale layer|channel]  (default: what `npuc build` picks)
 
 The bmodel's output is the net before its host tail (softmax), so it is compared with the same tensor of the
 float model (added as an onnxruntime output): per-picture cosine (mean, worst) and top-1 agreement. A table
@@ -11,6 +12,7 @@ already in the work folder is reused (calibration is the slow part); delete it t
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -34,7 +36,7 @@ MODELS = {
 }
 
 
-def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str = "layer") -> str:
+def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str | None = None) -> str:
     shape, logits = MODELS[name]
     model = fetch_model(name)
     feeds = model_inputs(name, n_calib + n_eval)
@@ -49,9 +51,11 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str 
         npuc.calibrate(model, [data], table, input_shapes={input_name: list(shape)})
         spent = time.perf_counter() - start
     dims = ",".join(map(str, shape))
-    subprocess.run([sys.executable, "-m", "npuc", "build", str(model), "--target", "bm1880", "--calib", str(table),
-                    "--input-shape", f"{input_name}:{dims}", "--option", f"weight_scale={weight_scale}",
-                    "-o", str(bmodel)], check=True)  # fmt: skip
+    option = ["--option", f"weight_scale={weight_scale}"] if weight_scale else []
+    built = subprocess.run([sys.executable, "-m", "npuc", "build", str(model), "--target", "bm1880", "--calib",
+                            str(table), "--input-shape", f"{input_name}:{dims}", *option, "--json", "-o", str(bmodel)],
+                           check=True, capture_output=True, text=True)  # fmt: skip
+    rule = json.loads(built.stdout)["details"]["weight_scale"]
     float_model = onnx.load(model)
     float_model.graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT, None))
     session = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -65,8 +69,9 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path, weight_scale: str 
         cosines.append(float(output_cosines(ref, got)[0]))
         probs.append(float(output_cosines(_softmax(ref), _softmax(got))[0]))  # what the host's softmax returns
         agree += int(np.argmax(got) == np.argmax(ref))
+    how = "asked" if weight_scale else "the default"
     return (
-        f"{name} (weight_scale={weight_scale}): calibrated on {n_calib} pictures ({spent:.0f} s), {n_eval} others: "
+        f"{name} (weight_scale={rule}, {how}): calibrated on {n_calib} pictures ({spent:.0f} s), {n_eval} others: "
         f"logit cosine mean "
         f"{np.mean(cosines):.5f} worst {min(cosines):.5f}; softmax output cosine mean {np.mean(probs):.5f} "
         f"worst {min(probs):.5f}; top-1 {agree}/{n_eval}"
@@ -84,7 +89,7 @@ def main() -> None:
     parser.add_argument("--calib", type=int, default=8)
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--work", type=Path, default=Path("build/bm1880_real"))
-    parser.add_argument("--weight-scale", default="layer", choices=("layer", "channel"))
+    parser.add_argument("--weight-scale", choices=("layer", "channel"), help="default: what npuc build picks")
     args = parser.parse_args()
     for name in args.models.split(","):
         print(measure(name, args.calib, args.eval, args.work / name, args.weight_scale), flush=True)

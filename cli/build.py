@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from npuc.cli.options import parse_options
 from npuc.compiler.errors import UserError
-
-
-def _parse_option(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise UserError(f"bad --option '{text}': write KEY=VALUE, e.g. --option parallel_mode=MP")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
 
 
 def _parse_numbers(text: str, flag: str) -> list[float]:
@@ -88,7 +78,7 @@ def register(app: typer.Typer) -> None:
 
         Example: npuc build model.onnx --target cv18xx --chip cv181x --calib model.cali_table -o model.cvimodel
         """
-        options: dict[str, Any] = dict(_parse_option(o) for o in option)
+        options = parse_options(option)
         if name is not None:
             options["name"] = name
         for key, text in (("mean", mean), ("scale", scale)):

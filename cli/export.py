@@ -1,13 +1,13 @@
 """`npuc export MODEL --target T --qdq [--form exact|plain] -o out.onnx [--calib TABLE | --calib-data DIR]`:
 npuc's quantization of MODEL for target T as a QDQ ONNX that onnxruntime runs (what each target's model
 represents: passes/export/qdq.py). The exact form (the default for every target) reproduces npuc's int8 arithmetic
-bit for bit with integer ops (passes/export/qdq_exact.py; bm1880's per-layer shifts: backends/bm1880/qdq.py); the plain
-form is pure QDQ."""
+bit for bit with integer ops (passes/export/qdq_exact.py; bm1880's lowering, per-layer shifts or per-channel gains as
+`--option weight_scale` and the build's default choose: backends/bm1880/qdq.py); the plain form is pure QDQ."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -28,9 +28,11 @@ def export_qdq(
     method: str = "kl",
     float_layers: tuple[str, ...] = (),
     form: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Path:
     """Import, canonicalize, take or make the table, write the QDQ model atomically; returns `output`.
-    `form`: "exact" or "plain" (None: the target's default, passes.export.qdq.default_form)."""
+    `form`: "exact" or "plain" (None: the target's default, passes.export.qdq.default_form); `options`: the
+    target's export options (`--option`)."""
     from npuc.compiler.fileio import atomic_write_bytes
     from npuc.compiler.targets import get_target
     from npuc.frontends.onnx import import_onnx
@@ -41,7 +43,7 @@ def export_qdq(
     graph = import_onnx(model, input_shapes or None)
     canonicalize(graph)
     table = _table(model, graph, calib, calib_data, method)
-    onnx_model = qdq_for_target(graph, target, table, float_layers, model_path=model, form=form)
+    onnx_model = qdq_for_target(graph, target, table, float_layers, model_path=model, form=form, options=options)
     atomic_write_bytes(output, onnx_model.SerializeToString(deterministic=True))
     return output
 
@@ -80,16 +82,21 @@ def register(app: typer.Typer) -> None:
         form: str = typer.Option(
             None, "--form", help="exact (integer ops, bit-exact with npuc; default where available) or plain QDQ."
         ),
+        option: list[str] = typer.Option(
+            [], "--option", help="Target option KEY=VALUE as `npuc build` takes it (bm1880: weight_scale)."
+        ),
     ) -> None:
         """Export MODEL as TARGET quantizes it, as a QDQ ONNX model onnxruntime runs.
 
         Example: npuc export model.onnx --target cv18xx --calib model.cali_table --qdq -o model_int8.onnx
         """
+        from npuc.cli.options import parse_options
         from npuc.frontends.onnx import parse_input_shapes
 
         if not qdq:
             raise UserError("npuc export writes QDQ ONNX only; add --qdq")
         out = output or Path(f"{model.stem}_{target}_qdq.onnx")
         layers = tuple(n.strip() for n in (float_layers or "").split(",") if n.strip())
-        export_qdq(model, target, out, calib, calib_data, parse_input_shapes(input_shape), method, layers, form)
+        export_qdq(model, target, out, calib, calib_data, parse_input_shapes(input_shape), method, layers, form,
+                   parse_options(option))  # fmt: skip
         typer.echo(f"wrote {out}")

@@ -1,10 +1,14 @@
-"""Options several commands share, declared once: the preprocessing of pictures (calibrate, compare, run)."""
+"""Options several commands share, declared once: the preprocessing of pictures (calibrate, compare, run) and
+target options (build, export)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import json
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from npuc.compiler.errors import UserError
 
 if TYPE_CHECKING:
     from npuc.passes.calibration.preprocess import Preprocess
@@ -48,3 +52,17 @@ def preprocess(mean: str, scale: str, color: str, resize: str | None, layout: st
         pad_value=pad_value,
         pad_type=pad_type,
     )
+
+
+def parse_options(texts: list[str]) -> dict[str, Any]:
+    """`--option KEY=VALUE`s as a dict; a value that parses as JSON is taken as JSON."""
+    options: dict[str, Any] = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise UserError(f"bad --option '{text}': write KEY=VALUE, e.g. --option parallel_mode=MP")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options

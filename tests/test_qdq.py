@@ -2,7 +2,8 @@
 tensors and outputs bit for bit (smallcnn, PP-LCNet, an every-op model with bf16 fallbacks); the plain form
 (float ops between QuantizeLinear/DequantizeLinear) agrees to cosine 0.9999 on smallcnn and 0.99 on PP-LCNet.
 bm1880's exact form gives the output codes of the bmodel npuc builds, simulated from its bytes (smallcnn, P-Net,
-every layer form of the bm1880 lowering)."""
+PP-LCNet, every layer form of the bm1880 lowering), with BMNet's per-layer shifts and with the per-channel gains a
+cali_table build uses by default."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from npuc.backends.bm1880.build import build as build_bmodel
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.container import BModel, load_bmodel, read_bmodel, write_bmodel
 from npuc.backends.bm1880.qdq import lower_for_export, write_qdq_bm1880
+from npuc.backends.bm1880.quantize import WEIGHT_RULES
 from npuc.backends.bm1880.sim import quantize as bm1880_runner_quantize
 from npuc.backends.bm1880.sim import run_bmodel
 from npuc.cli.app import main
@@ -444,7 +446,16 @@ def test_export_forms_on_the_command_line(tmp_path, capsys):
     for extra, message in [
         (["-t", "bm1880", "--float-layers", "conv_2"], "bm1880 runs every layer in int8; drop --float-layers"),
         (["-t", "cv18xx", "--form", "fast"], "unknown QDQ form 'fast'; choose one of exact, plain"),
-    ]:
+        (["-t", "cv18xx", "--option", "weight_scale=layer"],
+         "--option weight_scale is not read by the exact form of target 'cv18xx' (it reads none); drop it"),
+        (["-t", "bm1880", "--option", "opt=none"],
+         "--option opt is not read by the exact form of target 'bm1880' (it reads weight_scale); drop it"),
+        (["-t", "bm1880", "--form", "plain", "--option", "weight_scale=channel"],
+         "--option weight_scale is not read by the plain form (it reads none); drop it"),
+        (["-t", "bm1880", "--option", "weight_scale=both"],
+         "--option weight_scale='both' is not one of layer, channel"),
+        (["-t", "bm1880", "--option", "weight_scale"], "bad --option 'weight_scale': write KEY=VALUE"),
+    ]:  # fmt: skip
         with pytest.raises(SystemExit) as info:
             main([*base, *extra, "-o", str(tmp_path / "x.onnx")])
         assert info.value.code == 2 and message in capsys.readouterr().err
@@ -453,10 +464,11 @@ def test_export_forms_on_the_command_line(tmp_path, capsys):
 # ---- bm1880: the exact form against the bmodel simulator --------------------------------------------------------
 
 
-def bm1880_build(graph: Graph, model_path: Path, table: Path, out: Path) -> BModel:
-    """`npuc build --target bm1880` through the backend's entry point, read back from the file's bytes."""
-    build_bmodel(BuildRequest(graph, model_path, out, calib_table=table))
-    return load_bmodel(out)
+def bm1880_build(graph: Graph, model_path: Path, table: Path, out: Path, **options) -> tuple[BModel, str]:
+    """`npuc build --target bm1880` through the backend's entry point, read back from the file's bytes; and the
+    weight scale the build's summary names."""
+    result = build_bmodel(BuildRequest(graph, model_path, out, calib_table=table, options=options))
+    return load_bmodel(out), result.summary["weight_scale"]
 
 
 def bmodel_codes(model: BModel, feed: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -497,14 +509,45 @@ def assert_codes_equal(got: dict[str, np.ndarray], names: dict[str, str], codes:
     return sum(c.size for c in codes.values())
 
 
-def test_bm1880_exact_form_equals_the_bmodel_on_smallcnn(smallcnn, tmp_path):
+def gained_layer_records(model: onnx.ModelProto) -> dict[str, bytes]:
+    """Each layer with per-channel gains in an exact bm1880 model, as the bmodel's weight area stores it: int8
+    weights [oc][kh][kw][ic] (depthwise [c][kh][kw]), the 16-bit bias as its low then high byte plane
+    (specs/bm1880.md §2.7), the u8 gains; read from the model's initializers (`<layer>_weight/_bias/_gains`)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    records = {}
+    for name in (n for n in inits if n.endswith("_gains")):
+        layer = name.removesuffix("_gains")
+        weight = np.ascontiguousarray(inits[f"{layer}_weight"].transpose(0, 2, 3, 1)).astype(np.int8)
+        bias = inits.get(f"{layer}_bias", np.zeros(0, np.int64)).ravel()
+        planes = bias.astype(np.int16).view(np.uint16)
+        np.testing.assert_array_equal(planes.view(np.int16), bias)  # 16-bit values, as the BD reads them
+        gains = inits[name].ravel()
+        assert gains.min() >= 1 and gains.max() <= 128  # u8 2^(7-k)
+        records[layer] = (weight.tobytes() + (planes & 0xFF).astype(np.uint8).tobytes()
+                          + (planes >> 8).astype(np.uint8).tobytes() + gains.astype(np.uint8).tobytes())  # fmt: skip
+    return records
+
+
+@pytest.mark.parametrize("weight_scale", [None, "layer", "channel"])
+def test_bm1880_exact_form_equals_the_bmodel_on_smallcnn(smallcnn, tmp_path, weight_scale):
     """`npuc export -t bm1880 --qdq` (exact by default) against the bmodel `npuc build -t bm1880` writes, simulated
-    from its bytes: the 10 output codes of all 9 pictures are identical, and so are the dequantized floats."""
+    from its bytes, both with the cali_table's default weight scale (per-channel gains) or both with the same
+    `--option weight_scale`: the 10 output codes of all 9 pictures are identical, and so are the dequantized
+    floats. With gains, the 5 conv/depthwise layers that have them hold the same integers in both files."""
     table = GOLDEN / "smallcnn_cali_table.txt"
-    bmodel = bm1880_build(smallcnn, GOLDEN / "smallcnn.onnx", table, tmp_path / "smallcnn.bmodel")
+    options = {"weight_scale": weight_scale} if weight_scale else {}
+    bmodel, rule = bm1880_build(smallcnn, GOLDEN / "smallcnn.onnx", table, tmp_path / "smallcnn.bmodel", **options)
+    assert rule == (weight_scale or "channel")
     out = tmp_path / "smallcnn_bm1880.onnx"
-    cli(["export", str(GOLDEN / "smallcnn.onnx"), "-t", "bm1880", "--qdq", "--calib", str(table), "-o", str(out)])
-    probe, names = with_bmodel_output_codes(onnx.load(str(out)))
+    option = ["--option", f"weight_scale={weight_scale}"] if weight_scale else []
+    cli(["export", str(GOLDEN / "smallcnn.onnx"), "-t", "bm1880", "--qdq", "--calib", str(table), "-o", str(out),
+         *option])  # fmt: skip
+    model = onnx.load(str(out))
+    assert WEIGHT_RULES[rule] in model.doc_string
+    records = gained_layer_records(model)
+    assert len(records) == (5 if rule == "channel" else 0)  # the FC's channels need no gain
+    assert all(record in bmodel.weights[0] for record in records.values())
+    probe, names = with_bmodel_output_codes(model)
     assert names == {"output": "output_int8"}
     sess = session(probe)
     compared, distinct = 0, set()
@@ -514,7 +557,7 @@ def test_bm1880_exact_form_equals_the_bmodel_on_smallcnn(smallcnn, tmp_path):
         compared += assert_codes_equal(got, names, codes)
         np.testing.assert_array_equal(got["output"], floats["output"])
         distinct |= set(codes["output"].ravel().tolist())
-    assert compared == 90 and len(distinct) >= 40  # 55 distinct codes: a real spread, not a saturated output
+    assert compared == 90 and len(distinct) >= 40  # 56 (gains) or 55 distinct codes: a spread, not saturation
     counts: dict[str, int] = {}
     for node in probe.graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
@@ -562,7 +605,8 @@ def test_bm1880_exact_form_equals_the_bmodel_on_pnet(pnet_bm1880, tmp_path):
     float32: the box transpose is exact; the softmax of the face scores is onnxruntime's against numpy's
     (cosine 1.0, |difference| <= 8.5e-8 measured: float rounding of exp and sum only)."""
     path, graph, table, feeds = pnet_bm1880
-    bmodel = bm1880_build(graph, path, table, tmp_path / "pnet.bmodel")
+    bmodel, rule = bm1880_build(graph, path, table, tmp_path / "pnet.bmodel")
+    assert rule == "channel"  # a cali_table's default
     model = qdq_for_target(graph, "bm1880", read_table(table), model_path=path)
     probe, names = with_bmodel_output_codes(model)
     assert set(names) == {"convolution_output", "convolution_output1"}
@@ -580,6 +624,32 @@ def test_bm1880_exact_form_equals_the_bmodel_on_pnet(pnet_bm1880, tmp_path):
         assert cosine(got["softmax"], prob) >= 0.9999
         assert float(np.abs(got["softmax"] - prob).max()) < 1e-6
     assert compared == 3 * 6 * 75 * 55
+
+
+def test_bm1880_exact_form_equals_the_bmodel_on_pplcnet_with_channel_gains(pplcnet, tmp_path):
+    """PP-LCNet with npuc's KL cali_table: the build's default is per-channel gains (for its BN-folded depthwise
+    convs) and the default export writes the same layers: each of the layers with gains in the lowering is in
+    the ONNX model and, with the same integers, in the bmodel's weight area; the 4 logit codes of 4 pictures
+    calibration never saw are identical (the host's softmax follows in float32)."""
+    path, graph, table, _ = pplcnet
+    write_table(table, tmp_path / "cali_table")
+    bmodel, rule = bm1880_build(graph, path, tmp_path / "cali_table", tmp_path / "pplcnet.bmodel")
+    assert rule == "channel"
+    model = qdq_for_target(graph, "bm1880", table, model_path=path)
+    names = tensor_table_names(onnx.load(str(path)))
+    layers = lower_for_export(graph, table.thresholds(), names, channel_gains=True).net.layers
+    gained = {layer.name for layer in layers if layer.gains is not None}
+    records = gained_layer_records(model)
+    assert set(records) == gained and len(gained) >= 20
+    assert any(layer.kind == "dwconv" and layer.gains.min() < 128 for layer in layers if layer.gains is not None)
+    assert all(record in bmodel.weights[0] for record in records.values())
+    probe, outputs = with_bmodel_output_codes(model)
+    sess = session(probe)
+    compared = 0
+    for feed in model_inputs("pplcnet_orientation", 12)[8:]:
+        codes, _ = bmodel_codes(bmodel, feed["x"])
+        compared += assert_codes_equal(run_named(sess, feed), outputs, codes)
+    assert compared == 4 * 4
 
 
 def _bm1880_mix_model(path: Path) -> None:
@@ -612,33 +682,40 @@ BM1880_FAMILIES = (
 )  # fmt: skip
 
 
-def test_bm1880_exact_form_equals_the_bmodel_on_every_layer_form(tmp_path):
+@pytest.mark.parametrize("weight_scale", ["layer", "channel"])
+def test_bm1880_exact_form_equals_the_bmodel_on_every_layer_form(tmp_path, weight_scale):
     """17 op-family models and a mix of eltwise max / ceil pool / concat / leaky, with thresholds of 0.7x..1.3x
     the max so that pools, concat inputs and activation sides requantize and values saturate: all output codes
-    equal the bmodel's, and every layer form of the bm1880 lowering was exercised."""
+    equal the bmodel's, and every layer form of the bm1880 lowering was exercised, with either weight scale
+    (per-channel gains on conv, depthwise and FC layers)."""
+    gains = weight_scale == "channel"
     paths = make_all(tmp_path, list(BM1880_FAMILIES))
     _bm1880_mix_model(tmp_path / "mix.onnx")
     paths["mix"] = tmp_path / "mix.onnx"
     rng = np.random.default_rng(11)
     forms: set[str] = set()
+    gained: set[str] = set()
     compared = 0
     for name, path in paths.items():
         graph = import_and_canon(path)
         inp = graph.inputs[0]
         feeds = [{inp: rng.standard_normal(graph.shape(inp)).astype(np.float32)} for _ in range(3)]
         table = {t: v * float(rng.uniform(0.7, 1.3)) for t, v in max_abs_thresholds(graph, feeds, floor=1e-3).items()}
-        bmodel = compile_bmodel([graph], table, None, "layer-group", name).model
+        bmodel = compile_bmodel([graph], table, None, "layer-group", name, weight_scale).model
         bmodel = read_bmodel(write_bmodel(bmodel))
-        for layer in lower_for_export(graph, table, None).net.layers:
+        for layer in lower_for_export(graph, table, None, gains).net.layers:
             requant = layer.kind in ("pool", "concat") and any(m != 1 for m in layer.multipliers)
             forms.add(f"{layer.kind}:{layer.mode}{':requant' if requant else ''}")
-        probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table))
+            if layer.gains is not None and layer.gains.min() < 128:
+                gained.add(f"{layer.kind}:{'relu' if layer.relu else ''}")
+        probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table, channel_gains=gains))
         sess = session(probe)
         for feed in feeds:
             codes, _ = bmodel_codes(bmodel, feed[inp])
             compared += assert_codes_equal(run_named(sess, feed), names, codes)
     assert {"conv:", "dwconv:", "pool:max:requant", "pool:avg:requant", "act:relu", "act:leaky",
             "act:prelu", "eltwise:add", "eltwise:max", "concat:1:requant"} <= forms  # fmt: skip
+    assert gained == ({"conv:", "conv:relu", "dwconv:"} if gains else set())
     assert compared > 90_000  # measured 94,044 codes
 
 

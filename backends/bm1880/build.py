@@ -9,7 +9,9 @@ Options read from `request.options`:
 - `input_shapes_list`: list of {input name: shape} (repeated --input-shape), one command each;
 - `weights`: the .caffemodel of a Caffe MODEL (a .prototxt), needed to re-import it per shape;
 - `name`: the bmodel's net name (default: the graph's);
-- `weight_scale`: "layer" (BMNet's rule, default) or "channel" (per-channel power-of-two gains, lower_gains.py).
+- `weight_scale`: "layer" (BMNet's per-layer shift) or "channel" (per-channel power-of-two gains, lower_gains.py).
+  The default follows the table (quantize.choose_weight_scale): a BMNet table builds what BMNet builds ("layer",
+  the vendor's bytes), a cali_table (npuc calibrate, tpu-mlir) gets "channel"; the summary names the rule.
 `request.calib_table`: a tpu-mlir cali_table or a BMNet calibration table (.pb2 binary or text prototxt).
 """
 
@@ -32,12 +34,10 @@ from .cmdbuf import encode_cmdbuf
 from .codegen import Program, WeightBlob, plan_neurons
 from .container import CHIP_BM1880, FMT_I8, BModel, Command, TensorInfo, write_bmodel
 from .groups import OPT_LEVELS, form_units
-from .quantize import LoweredNet, load_thresholds, lower
+from .quantize import LoweredNet, check_weight_scale, choose_weight_scale, load_thresholds, lower, table_kind
 from .sim import input_name
 
 DEFAULT_OPT = "layer-group"
-# "layer": BMNet's one shift per layer (the vendor's weights); "channel": per-channel power-of-two gains
-WEIGHT_SCALES = ("layer", "channel")
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,7 @@ def compile_bmodel(
     """The bmodel of one float graph per input shape (graphs are not modified)."""
     if opt not in OPT_LEVELS:
         raise UserError(f"--opt {opt!r} is not one of {', '.join(OPT_LEVELS)}")
-    if weight_scale not in WEIGHT_SCALES:
-        raise UserError(f"--option weight_scale={weight_scale!r} is not one of {', '.join(WEIGHT_SCALES)}")
+    check_weight_scale(weight_scale)
     blob = WeightBlob()
     commands, stats, notes, host_ops = [], [], [], []
     seen: set[tuple[int, ...]] = set()
@@ -167,13 +166,15 @@ def build(request: BuildRequest) -> BuildResult:
     table = load_thresholds(request.calib_table)
     graphs = graphs_per_shape(request)
     name = str(request.options.get("name") or request.graph.name)
-    weight_scale = str(request.options.get("weight_scale", "layer"))
+    weight_scale, why = choose_weight_scale(request.options, table_kind(request.calib_table))
     model, stats, notes, host_ops = compile_bmodel(graphs, table, source_table_names(request), opt, name, weight_scale)
+    notes = [*notes, why] if why else notes
     data = write_bmodel(model)
     output = Path(request.output)
     atomic_write_bytes(output, data)
     summary: dict[str, Any] = {
         "opt": opt,
+        "weight_scale": weight_scale,
         "bytes": len(data),
         "weight_bytes": len(model.weights[0]),
         "commands": [

@@ -1,12 +1,15 @@
 """The exact QDQ form for bm1880: onnxruntime computes the bmodel's int8 arithmetic bit for bit.
 
 The layers come from the same lowering `npuc build --target bm1880` uses (backends/bm1880/quantize.py
-`lower`: BMNet per-layer shifts, 8-bit multipliers, 16-bit bias); each is written as the integer pipeline
-the bmodel's descriptors run (backends/bm1880/kernels.py, specs/bm1880.md §3.2), on int64:
+`lower`: per-layer shifts or per-channel gains, 8-bit multipliers, 16-bit bias), with the build's default
+weight scale (a cali_table: per-channel gains) unless `--option weight_scale=` says otherwise; each layer is
+written as the integer pipeline the bmodel's descriptors run (backends/bm1880/kernels.py, specs/bm1880.md
+§3.2), on int64, its integers (weights, bias, gains) the lowering's own:
 
 - conv / FC / depthwise: `sat8(⌊(Σ x·W + B + 2^(r−1)) / 2^r⌋)` (ConvInteger, zero padding, 16-bit bias;
-  a fused ReLU before the shift, which equals clamping after it); with per-channel gains g the shifted sum is
-  saturated to 16 bits, then `sat8(shift(a16·g, 7))`;
+  a fused ReLU before the shift, which equals clamping after it); with per-channel gains g (u8 2^(7−k)) the
+  conv BD writes 16 bits, `sat16(shift(relu(Σ x·W + B), r))`, and a multiply by its channel's gain gives
+  `sat8(shift(a16·g, 7))`;
 - max pool: MaxPool on the input padded with -128, then `sat8(⌊(y·m + 2^(r−1)) / 2^r⌋)` unless (m, r) is
   (1, 0); average pool: window sums (ConvInteger with a ones kernel, zero padding) times m, shifted;
 - ReLU / LeakyReLU / PReLU: `sat8(shift(max(x,0)·gt, gt_shift)) + sat8(shift(min(x,0)·le, le_shift))` with
@@ -33,7 +36,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from npuc.backends.bm1880.quantize import Layer, LoweredNet, lower, strip_host_tail
+from npuc.backends.bm1880.quantize import (
+    WEIGHT_RULES,
+    Layer,
+    LoweredNet,
+    choose_weight_scale,
+    lower,
+    strip_host_tail,
+)
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.frontends.onnx import load_model
@@ -44,7 +54,7 @@ from npuc.passes.export.qdq_ops import EMITTERS, input_value
 
 INT16 = (-(1 << 15), (1 << 15) - 1)
 BM1880_NOTE = (
-    "bm1880 exact form: int8 layers of npuc's bm1880 lowering (per-layer shift, 8-bit multipliers, 16-bit bias) "
+    "bm1880 exact form: int8 layers of npuc's bm1880 lowering ({rule}, 8-bit multipliers, 16-bit bias) "
     "as integer ops (ConvInteger, int64 round-half-up shifts); inputs sat8(floor(x*128/T + 0.5)), outputs q*T/128"
 )
 
@@ -315,6 +325,7 @@ def write_qdq_bm1880(
     compiles — in integer ONNX ops, then the float ops BMNet leaves to the host. The int8 codes of each bmodel
     output are in the model (value_info documented "bmodel output '<name>'")."""
     lowering = lower_for_export(graph, thresholds, table_names, channel_gains)
+    note = BM1880_NOTE.format(rule=WEIGHT_RULES["channel" if channel_gains else "layer"])
     e = ExactBuilder(graph)
     prologues = prologues or {}
     values, inputs = {}, []
@@ -326,15 +337,18 @@ def write_qdq_bm1880(
     for out in graph.outputs:
         if floats.get(out) != out:
             e.b.node("Identity", [floats[out]], out)
-    return onnx_model(graph, e.b, inputs, name, BM1880_NOTE, infos)
+    return onnx_model(graph, e.b, inputs, name, note, infos)
 
 
 def exact_bm1880(req: ExportRequest) -> onnx.ModelProto:
-    """The bm1880 backend's lowering (its own threshold matching, as `npuc build --target bm1880` does)."""
+    """The bm1880 backend's lowering (its own threshold matching and weight scale, as `npuc build --target
+    bm1880` does with the same cali_table and options)."""
     if req.float_layers:
         raise UserError("bm1880 runs every layer in int8; drop --float-layers or use --form plain")
     names = tensor_table_names(load_model(req.model_path)) if req.model_path is not None else None
-    return write_qdq_bm1880(req.graph, req.table.thresholds(), names, req.graph.name, req.prologues)
+    scale, _ = choose_weight_scale(req.options, "cali_table")  # npuc export takes cali_tables only
+    gains = scale == "channel"
+    return write_qdq_bm1880(req.graph, req.table.thresholds(), names, req.graph.name, req.prologues, gains)
 
 
-register_exact_writer("bm1880", exact_bm1880)
+register_exact_writer("bm1880", exact_bm1880, options=("weight_scale",))

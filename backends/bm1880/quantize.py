@@ -2,7 +2,8 @@
 
 Every activation is int8 with one symmetric threshold T (`q = round(x·128/T)`, specs/bm1880.md §3.2). Each
 IR op becomes one or more `Layer` records with the integer parameters the kernels need:
-conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`fixedpoint.bm1880_quantize_layer`);
+conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`fixedpoint.bm1880_quantize_layer`), and
+with weight_scale=channel per-channel gains (lower_gains.py; the default for a cali_table, `choose_weight_scale`);
 pooling and concat: an 8-bit requant multiplier and shift; eltwise: one multiplier per input and a common
 shift; ReLU/LeakyReLU/PReLU: gt/le scales and shifts. Reshape/flatten become aliases of their input's bytes.
 Trailing layout transposes and softmax (what BMNet leaves to the host) are dropped from the outputs.
@@ -13,8 +14,10 @@ records themselves live in layers.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +61,20 @@ def threshold_for(name: str, table: dict[str, float], table_names: dict[str, str
     return None
 
 
+_BMNET_TEXT = re.compile(r"^\s*layer\s*\{", re.M)  # a text BMNet table
+
+
+def table_kind(path: Path) -> str:
+    """The table's kind: "bmnet" for a BMNet calibration table (.pb2, binary, or a text prototxt of `layer {`
+    blocks), else "cali_table" (tpu-mlir's, what `npuc calibrate` writes)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"calibration table not found: {path}; check the --calib path")
+    text = path.read_bytes()[:4096].decode("utf-8", "replace")
+    bmnet = path.suffix.lower() == ".pb2" or "\0" in text or _BMNET_TEXT.search(text)
+    return "bmnet" if bmnet else "cali_table"
+
+
 def load_thresholds(path: Path) -> dict[str, float]:
     """Thresholds by name from a tpu-mlir cali_table or a BMNet calibration table (.pb2 or text)."""
     from npuc.passes.calibration.calitable import read_table
@@ -65,16 +82,43 @@ def load_thresholds(path: Path) -> dict[str, float]:
     from .calibration import blob_thresholds, load_calibration
 
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"calibration table not found: {path}; check the --calib path")
-    head = path.read_bytes()[:4096]
-    text = head.decode("utf-8", "replace")
-    if path.suffix.lower() == ".pb2" or "\0" in text or re.search(r"^\s*layer\s*\{", text, re.M):
-        msg = load_calibration(path, "text" if re.search(r"^\s*layer\s*\{", text, re.M) else "binary")
-        table = {layer.name: float(layer.threshold_y[0]) for layer in msg.layer if layer.threshold_y}
-        table.update(blob_thresholds(msg))
-        return table
-    return read_table(path).thresholds()
+    if table_kind(path) == "cali_table":
+        return read_table(path).thresholds()
+    text = path.read_bytes()[:4096].decode("utf-8", "replace")
+    msg = load_calibration(path, "text" if _BMNET_TEXT.search(text) else "binary")
+    table = {layer.name: float(layer.threshold_y[0]) for layer in msg.layer if layer.threshold_y}
+    table.update(blob_thresholds(msg))
+    return table
+
+
+# ---------------------------------------------------------------------------------------------------------
+# weight scale
+
+
+# --option weight_scale: "layer" is BMNet's one shift per layer (the vendor's weights, byte for byte); "channel"
+# adds per-channel power-of-two gains (lower_gains.py). The table's kind picks the default: a BMNet table builds
+# what BMNet builds, npuc's own cali_table gets the gains (PP-LCNet logit cosine 0.698 -> 0.976).
+WEIGHT_RULES = MappingProxyType({"layer": "BMNet's per-layer shift", "channel": "per-channel power-of-two gains"})
+DEFAULT_WEIGHT_SCALE = MappingProxyType({"bmnet": "layer", "cali_table": "channel"})
+TABLE_KIND_NAMES = MappingProxyType({"bmnet": "a BMNet calibration table", "cali_table": "a tpu-mlir cali_table"})
+
+
+def check_weight_scale(value: str) -> str:
+    if value not in WEIGHT_RULES:
+        raise UserError(f"--option weight_scale={value!r} is not one of {', '.join(WEIGHT_RULES)}")
+    return value
+
+
+def choose_weight_scale(options: Mapping[str, Any], kind: str) -> tuple[str, str | None]:
+    """(weight scale, the note saying why): --option weight_scale when given (no note), else the default of
+    the table's kind."""
+    if "weight_scale" in options:
+        return check_weight_scale(str(options["weight_scale"])), None
+    scale = DEFAULT_WEIGHT_SCALE[kind]
+    other = next(s for s in WEIGHT_RULES if s != scale)
+    note = (f"weights: {WEIGHT_RULES[scale]}, the default with {TABLE_KIND_NAMES[kind]} "
+            f"(--option weight_scale={other}: {WEIGHT_RULES[other]})")  # fmt: skip
+    return scale, note
 
 
 # ---------------------------------------------------------------------------------------------------------

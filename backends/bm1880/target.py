@@ -16,7 +16,7 @@ register_target(
         quants=("int8",),
         options=("name", "opt", "weights", "input_shapes_list", "weight_scale"),
         uses_calib=True,
-        number_formats=("int8 (per-layer power-of-two shift, BMNet rules)",),
+        number_formats=("int8 (per-layer power-of-two shift, BMNet rules; or per-channel power-of-two weight gains)",),
         artifact=".bmodel (protobuf + BMKernel cmdbuf)",
         status=(
             "builds int8 .bmodels (conv incl. depthwise/grouped, max/avg pool, FC, eltwise add/max/mul incl. "

@@ -9,8 +9,9 @@ Two forms (`qdq_for_target(..., form=)`, `npuc export --qdq --form`):
   point 0) and its outputs leave through DequantizeLinear. Measured: bit-exact outputs and int8 tensors on
   smallcnn and on the PP-LCNet orientation classifier (the plain form: cosine 0.9946 on its worst picture).
   For bm1880 `write_qdq_bm1880` writes the layers of the bm1880 backend's own lowering as integer ops
-  (backends/bm1880/qdq.py, which registers it as that target's exact writer): the bmodel's simulated outputs,
-  code for code (smallcnn, MTCNN P-Net).
+  (backends/bm1880/qdq.py, which registers it as that target's exact writer, and the `--option weight_scale`
+  it reads): the bmodel's simulated outputs, code for code (smallcnn, MTCNN P-Net, PP-LCNet with per-channel
+  gains).
 - plain (any target): float ops between QuantizeLinear/DequantizeLinear pairs, for
   tools that expect pure QDQ. Every int8 activation T becomes `T --Q--> T_q --DQ--> T_dq` with scale s and
   zero point 0; weights are int8 initializers behind a DequantizeLinear (per output channel where the scheme
@@ -25,7 +26,8 @@ Two forms (`qdq_for_target(..., form=)`, `npuc export --qdq --form`):
     reproduced: QuantizeLinear rounds once, half to even, where npuc's QDM requantization rounds twice (at
     2^31, then half away at 2^rshift) and pools/eltwise round half up; bf16 fallback ops run in float32.
   - bm1880: from the float graph and the thresholds: activation scale th/128, conv/FC weights with BMNet's
-    per-layer power-of-two shift (scale `Ty/(Tx·2^r)`), int16 bias (scale `Ty/(128·2^r)`).
+    per-layer power-of-two shift (scale `Ty/(Tx·2^r)`), int16 bias (scale `Ty/(128·2^r)`); the per-channel
+    gains a cali_table build uses by default are shown by the exact form only.
 """
 
 from __future__ import annotations
@@ -387,6 +389,7 @@ class ExportRequest:
     prologues: Mapping[str, InputPrologue] | None
     model_path: str | Path | None
     output_dequant: str
+    options: Mapping[str, object] = field(default_factory=dict)  # `--option`s, those the writer registered
 
 
 def _exact_symmetric(req: ExportRequest) -> onnx.ModelProto:
@@ -407,10 +410,12 @@ _EXACT_WRITERS: dict[str, ExactWriter] = {
     "lyngor": _exact_symmetric,
     "dmp": _exact_symmetric,
 }
+_EXACT_OPTIONS: dict[str, tuple[str, ...]] = {}  # target -> the `--option` keys its exact writer reads
 
 
-def register_exact_writer(target: str, writer: ExactWriter) -> None:
+def register_exact_writer(target: str, writer: ExactWriter, options: tuple[str, ...] = ()) -> None:
     _EXACT_WRITERS[target] = writer
+    _EXACT_OPTIONS[target] = options
 
 
 def exact_writers() -> Mapping[str, ExactWriter]:
@@ -444,6 +449,13 @@ def split_into_slices(graph: Graph) -> Graph:
     return replace(graph, ops=ops)
 
 
+def _check_options(options: Mapping[str, object], known: tuple[str, ...], reader: str) -> None:
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        reads = f"it reads {', '.join(known)}" if known else "it reads none"
+        raise UserError(f"--option {unknown[0]} is not read by {reader} ({reads}); drop it")
+
+
 def qdq_for_target(
     graph: Graph,
     target: str,
@@ -453,24 +465,31 @@ def qdq_for_target(
     model_path: str | Path | None = None,
     form: str | None = None,
     output_dequant: str = "bf16",
+    options: Mapping[str, object] | None = None,
 ) -> onnx.ModelProto:
     """The QDQ model of the float `graph` as `target` quantizes it with `table` (`model_path`: the ONNX file
     the graph came from, to match table names of folded tensors). `form`: "exact" (integer ops that
     reproduce npuc's int8 — for bm1880 the bmodel's arithmetic; the default) or "plain" (float ops between
     QuantizeLinear/DequantizeLinear pairs, for tools that expect pure QDQ). `output_dequant` applies to the
-    cv18xx_int8 exact form (bm1880 outputs are always q·T/128 in float32, as its runner gives them)."""
+    cv18xx_int8 exact form (bm1880 outputs are always q·T/128 in float32, as its runner gives them). `options`:
+    the target's export options (bm1880's exact form: weight_scale, as `npuc build --option`); one the form
+    does not read is an error."""
     if target not in TARGET_PLANS:
         raise UserError(f"no QDQ export for target '{target}'; choose one of {', '.join(sorted(TARGET_PLANS))}")
     form = form or default_form(target)
     if form not in FORMS:
         raise UserError(f"unknown QDQ form '{form}'; choose one of {', '.join(FORMS)}")
     graph = split_into_slices(graph)
+    options = dict(options or {})
     if form == "exact":
         writers = exact_writers()
         if target not in writers:
             raise UserError(f"target '{target}' has no exact QDQ form; use --form plain")
-        request = ExportRequest(graph, target, table, tuple(float_layers), prologues, model_path, output_dequant)
+        _check_options(options, _EXACT_OPTIONS.get(target, ()), f"the exact form of target '{target}'")
+        request = ExportRequest(graph, target, table, tuple(float_layers), prologues, model_path, output_dequant,
+                                options)  # fmt: skip
         return writers[target](request)
+    _check_options(options, (), "the plain form")
     thresholds = thresholds_for_model(graph, table, model_path)
     qgraph, plan = TARGET_PLANS[target](graph, thresholds, tuple(float_layers))
     return write_qdq(qgraph, plan, graph.name, prologues)
