@@ -166,7 +166,12 @@ def test_lenet_run_gives_the_reference_class(lenet_bmodel, lenet_no_elu, tmp_pat
 
 
 def test_lenet_conv1_pool1_bit_exact_against_an_integer_reference(lenet_no_elu):
-    from npuc.compiler import fixedpoint as fp
+    from npuc.compiler.numformats.bm1880_int8 import (
+        bm1880_quantize_activation,
+        bm1880_quantize_layer,
+        bm1880_requant_multiplier,
+        bm1880_shift_requantize,
+    )
 
     graph = import_onnx(lenet_no_elu)
     canonicalize(graph)
@@ -174,15 +179,15 @@ def test_lenet_conv1_pool1_bit_exact_against_an_integer_reference(lenet_no_elu):
     graph.prune()
     table = load_thresholds(GOLDEN / "bmnet_lenet_calibration.prototxt")
     x = np.fromfile(GOLDEN / "lenet_input_1_1_28_28.bin", np.float32).reshape(1, 1, 28, 28)
-    xq = fp.bm1880_quantize_activation(x, table["data"])
-    q = fp.bm1880_quantize_layer(graph.const("conv1_w_0"), graph.const("conv1_b_0"), table["data"], table["conv1"])
+    xq = bm1880_quantize_activation(x, table["data"])
+    q = bm1880_quantize_layer(graph.const("conv1_w_0"), graph.const("conv1_b_0"), table["data"], table["conv1"])
     acc = np.zeros((1, 20, 24, 24), np.int64)
     for ky in range(5):
         for kx in range(5):
             acc += np.einsum("nchw,oc->nohw", xq[:, :, ky : ky + 24, kx : kx + 24].astype(np.int64),
                              q.weight[:, :, ky, kx].astype(np.int64))  # fmt: skip
-    conv1 = fp.bm1880_shift_requantize(acc + q.bias.reshape(1, -1, 1, 1), q.rshift).astype(np.int64)
-    m, r = fp.bm1880_requant_multiplier(table["conv1"], table["pool1"])
+    conv1 = bm1880_shift_requantize(acc + q.bias.reshape(1, -1, 1, 1), q.rshift).astype(np.int64)
+    m, r = bm1880_requant_multiplier(table["conv1"], table["pool1"])
     pooled = conv1.reshape(1, 20, 12, 2, 12, 2).max(axis=(3, 5))
     expect = np.clip((pooled * m + (1 << (r - 1))) >> r, -128, 127)
     for opt in ("none", "layer-group"):

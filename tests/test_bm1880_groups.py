@@ -22,7 +22,7 @@ from npuc.backends.bm1880.groups import form_units
 from npuc.backends.bm1880.quantize import lower
 from npuc.backends.bm1880.sim import quantize, run_bmodel
 from npuc.cli.app import main
-from npuc.compiler import fixedpoint as fp
+from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer, bm1880_shift_requantize
 from npuc.frontends.onnx import import_onnx
 from npuc.models.netbuilder import NetBuilder
 from npuc.passes.calibration.calibrate import max_abs_thresholds
@@ -189,11 +189,11 @@ def test_output_channel_split_is_bit_exact(tmp_path):
     # the exact integer expectation, from the BM1880 rules of specs/bm1880.md §3.2
     w, b = graph.const(graph.ops[0].inputs[1]), graph.const(graph.ops[0].inputs[2])
     tx, ty = table["input"], table["output"]
-    q = fp.bm1880_quantize_layer(w, b, tx, ty)
+    q = bm1880_quantize_layer(w, b, tx, ty)
     xq = np.pad(quantize(x, tx).astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     acc = sum(np.einsum("nchw,oc->nohw", xq[:, :, ky : ky + 4, kx : kx + 6], q.weight[:, :, ky, kx].astype(np.int64))
               for ky in range(3) for kx in range(3))  # fmt: skip
-    expect = fp.bm1880_shift_requantize(acc + q.bias.astype(np.int64).reshape(1, -1, 1, 1), q.rshift)
+    expect = bm1880_shift_requantize(acc + q.bias.astype(np.int64).reshape(1, -1, 1, 1), q.rshift)
     np.testing.assert_array_equal(np.round(got * 128 / np.float32(ty)).astype(np.int64), expect)
     convs = [i.fields for i in decode_cmdbuf(model.commands[0].cmdbuf) if i.engine == isa.ENGINE_BD]
     chunks = [f["res0_c"] for f in convs if f["tsk_typ"] == 0]

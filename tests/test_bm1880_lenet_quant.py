@@ -12,7 +12,7 @@ from golden import GOLDEN_ROOT
 from onnx import numpy_helper
 
 from npuc.backends.bm1880.calibration import load_calibration
-from npuc.compiler import fixedpoint as fp
+from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer, bm1880_requant_multiplier, bm1880_scale_shift
 from npuc.compiler.protoschema import load_proto
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def _threshold(calibration, name: str) -> np.float32:
 def test_weights_and_biases_match_vendor(calibration, float_weights, vendor_int8, layer, rshift):
     w = float_weights[f"{layer}_w_0"]
     b = float_weights[f"{layer}_b_0"]
-    q = fp.bm1880_quantize_layer(w, b, _threshold(calibration, WEIGHT_LAYERS[layer]), _threshold(calibration, layer))
+    q = bm1880_quantize_layer(w, b, _threshold(calibration, WEIGHT_LAYERS[layer]), _threshold(calibration, layer))
     vendor_w, vendor_b = vendor_int8[layer]
     assert q.rshift == rshift == calibration[layer].right_shift_width
     assert vendor_w.size == w.size and vendor_b.size == b.size
@@ -65,7 +65,7 @@ def test_weights_and_biases_match_vendor(calibration, float_weights, vendor_int8
 def test_total_counts(calibration, float_weights, vendor_int8):
     n_w = n_b = mismatches = 0
     for layer, src in WEIGHT_LAYERS.items():
-        q = fp.bm1880_quantize_layer(
+        q = bm1880_quantize_layer(
             float_weights[f"{layer}_w_0"],
             float_weights[f"{layer}_b_0"],
             _threshold(calibration, src),
@@ -79,7 +79,7 @@ def test_total_counts(calibration, float_weights, vendor_int8):
 
 @pytest.mark.parametrize("pool, src, multiplier, rshift", [("pool1", "conv1", 160, 8), ("pool2", "conv2", 135, 7)])
 def test_pool_multipliers_match_table(calibration, pool, src, multiplier, rshift):
-    got = fp.bm1880_requant_multiplier(_threshold(calibration, src), _threshold(calibration, pool))
+    got = bm1880_requant_multiplier(_threshold(calibration, src), _threshold(calibration, pool))
     assert got == (multiplier, rshift)
     assert (calibration[pool].threshold_x_quantized[0], calibration[pool].right_shift_width) == got
 
@@ -87,8 +87,8 @@ def test_pool_multipliers_match_table(calibration, pool, src, multiplier, rshift
 def test_leaky_relu_scales_match_table(calibration):
     relu = calibration["customized1"].relu_param
     ratio = _threshold(calibration, "ip1") / _threshold(calibration, "customized1")
-    gt_scale, gt_shift = fp.bm1880_scale_shift(ratio)
-    le_scale, le_shift = fp.bm1880_scale_shift(np.float32(0.1) * ratio)
+    gt_scale, gt_shift = bm1880_scale_shift(ratio)
+    le_scale, le_shift = bm1880_scale_shift(np.float32(0.1) * ratio)
     assert (int(gt_scale), int(gt_shift)) == (relu.gt_scale, relu.gt_right_shift_width) == (64, 6)
     assert (int(le_scale), int(le_shift)) == (relu.le_scale, relu.le_right_shift_width) == (102, 10)
 

@@ -24,14 +24,14 @@ from npuc.backends.bpu.contract import (
 from npuc.cli.app import main
 from npuc.compiler.artifacts import ArtifactOptions, detect
 from npuc.compiler.errors import CorruptFileError, UserError
-from npuc.compiler.fixedpoint import (
+from npuc.compiler.interp import run
+from npuc.compiler.kernels.quantized import QUANT_KERNELS
+from npuc.compiler.numformats.horizon_int8 import (
     horizon_scale_dequantize,
     horizon_scale_quantize,
     horizon_shift_dequantize,
     horizon_shift_quantize,
 )
-from npuc.compiler.interp import run
-from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.frontends.colorspace import nv12_to_yuv444, rgb_to_nv12, to_int8_128
 from npuc.frontends.hbconfig import load_config
 from npuc.frontends.onnx import import_onnx

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npuc.backends.cv18xx.inputs import settle_integer_inputs
 from npuc.backends.cv18xx.sim_cpu import cpu_embedding
 from npuc.compiler.errors import UserError
-from npuc.compiler.fixedpoint import BF16_MAX, constant_to_bf16
+from npuc.compiler.numformats.bf16_fp16 import BF16_MAX, constant_to_bf16
 from npuc.frontends.onnx import import_model
 
 

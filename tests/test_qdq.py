@@ -27,16 +27,12 @@ from npuc.backends.bm1880.sim import quantize as bm1880_runner_quantize
 from npuc.backends.bm1880.sim import run_bmodel
 from npuc.cli.app import main
 from npuc.compiler.errors import UserError
-from npuc.compiler.fixedpoint import (
-    bm1880_quantize_layer,
-    cv18xx_apply_multiplier_rshift,
-    cv18xx_quantize_activation,
-    rounding_divide_by_pot,
-    saturating_rounding_doubling_high_mul,
-)
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
+from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
+from npuc.compiler.numformats.cv18xx_int8 import cv18xx_apply_multiplier_rshift, cv18xx_quantize_activation
+from npuc.compiler.numformats.gemmlowp import rounding_divide_by_pot, saturating_rounding_doubling_high_mul
 from npuc.compiler.targets import BuildRequest
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import get_model

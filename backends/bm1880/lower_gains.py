@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from npuc.compiler import fixedpoint as fp
+from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
+from npuc.compiler.numformats.rounding import round_half_up, saturate
 
 MAX_GAIN_SHIFT = 7  # the u8 multiplier 2^(7-k) stays in 1..128
 
@@ -35,16 +36,16 @@ def apply_gains(
     weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float
 ) -> tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]:
     """(int8 weight, int16 bias, r, u8 gains or None when no channel gains) of a conv/FC/depthwise layer."""
-    q = fp.bm1880_quantize_layer(weight, bias, tx, ty)
+    q = bm1880_quantize_layer(weight, bias, tx, ty)
     k = gain_shifts(weight, bias, tx, ty, q.rshift)
     if not k.any():
         return q.weight, q.bias, q.rshift, None
     shape = (-1,) + (1,) * (np.ndim(weight) - 1)
     scale = np.float32(tx / ty) * np.ldexp(np.float32(1.0), q.rshift + k).astype(np.float32)
-    w = fp.saturate(fp.round_half_up(np.asarray(weight, np.float32) * scale.reshape(shape)), np.int8)
+    w = saturate(round_half_up(np.asarray(weight, np.float32) * scale.reshape(shape)), np.int8)
     b = None
     if bias is not None:
         pot = np.ldexp(np.float32(1.0), q.rshift + k).astype(np.float32)
-        b = fp.saturate(fp.round_half_up(np.asarray(bias, np.float32) * (np.float32(128.0) / np.float32(ty)) * pot),
-                        np.int16)  # fmt: skip
+        b = saturate(round_half_up(np.asarray(bias, np.float32) * (np.float32(128.0) / np.float32(ty)) * pot),
+                     np.int16)  # fmt: skip
     return w, b, q.rshift, (1 << (MAX_GAIN_SHIFT - k)).astype(np.uint8)

@@ -19,10 +19,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from npuc.compiler import fixedpoint as fp
 from npuc.compiler import ops
 from npuc.compiler.ir import Op
 from npuc.compiler.kernels import FLOAT_KERNELS, apply_activation
+from npuc.compiler.numformats.bm1880_int8 import (
+    bm1880_dequantize_activation,
+    bm1880_quantize_activation,
+    bm1880_quantize_layer,
+    bm1880_requant_multiplier,
+)
 
 from .layers import Layer, LowerContext, unsupported
 
@@ -112,10 +117,10 @@ def lookup_table(fn: Callable[[np.ndarray], np.ndarray], tx: float, ty: float) -
     """int8 output code for each input byte 0..255 (the byte of code q is q & 0xFF)."""
     codes = np.arange(256, dtype=np.uint8).view(np.int8)
     with np.errstate(all="ignore"):
-        y = fn(fp.bm1880_dequantize_activation(codes, tx))
+        y = fn(bm1880_dequantize_activation(codes, tx))
     if not np.all(np.isfinite(y)):
         raise ValueError(f"not finite on [-{tx}, {tx}]")
-    return fp.bm1880_quantize_activation(y, ty)
+    return bm1880_quantize_activation(y, ty)
 
 
 def _add_lut(ctx: LowerContext, op: Op, mode: str, fn: Callable[[np.ndarray], np.ndarray]) -> None:
@@ -143,7 +148,7 @@ def _lower_mul_const(ctx: LowerContext, op: Op, src: str, k: np.ndarray) -> None
     kshape = (1,) * (rank - k.ndim) + k.shape  # numpy broadcasting aligns the constant on the right
     if rank < 2 or len(kshape) != rank or kshape[1] != c or int(np.prod(kshape)) != c:
         raise unsupported(op, f"mul by a constant of shape {list(k.shape)} (need one value or one per channel)")
-    q = fp.bm1880_quantize_layer(k.reshape(c, 1, 1, 1), None, ctx.t(src), ctx.t(op.outputs[0]))
+    q = bm1880_quantize_layer(k.reshape(c, 1, 1, 1), None, ctx.t(src), ctx.t(op.outputs[0]))
     ctx.add(Layer(op.name, "dwconv", (src,), op.outputs[0], "", weight=q.weight.reshape(c, 1, 1), rshift=q.rshift))
 
 
@@ -166,5 +171,5 @@ def lower_mul(ctx: LowerContext, op: Op) -> None:
     n, c, h, w = ctx.net.shapes[out]
     if ctx.graph.shape(x) != ctx.graph.shape(out) or ctx.net.shapes[s] not in ((n, c, h, w), (n, c, 1, 1)):
         raise unsupported(op, f"mul of {ctx.graph.shape(x)} by {ctx.graph.shape(s)} (need equal or per-channel)")
-    m, r = fp.bm1880_requant_multiplier(ctx.t(x) * ctx.t(s) / 128.0, ctx.t(out))
+    m, r = bm1880_requant_multiplier(ctx.t(x) * ctx.t(s) / 128.0, ctx.t(out))
     ctx.add(Layer(op.name, "mul", (x, s), out, "mul", rshift=r, multipliers=(m,)))

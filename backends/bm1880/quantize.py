@@ -2,7 +2,7 @@
 
 Every activation is int8 with one symmetric threshold T (`q = round(x·128/T)`, specs/bm1880.md §3.2). Each
 IR op becomes one or more `Layer` records with the integer parameters the kernels need:
-conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`fixedpoint.bm1880_quantize_layer`), and
+conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`numformats.bm1880_int8.bm1880_quantize_layer`), and
 with weight_scale=channel per-channel gains (lower_gains.py; the default for a cali_table, `choose_weight_scale`);
 pooling and concat: an 8-bit requant multiplier and shift; eltwise: one multiplier per input and a common
 shift; ReLU/LeakyReLU/PReLU: gt/le scales and shifts. Reshape/flatten become aliases of their input's bytes.
@@ -21,11 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from npuc.compiler import fixedpoint as fp
 from npuc.compiler import ops
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
+from npuc.compiler.numformats.bm1880_int8 import (
+    bm1880_eltwise_multipliers,
+    bm1880_quantize_layer,
+    bm1880_requant_multiplier,
+    bm1880_scale_shift,
+)
+from npuc.compiler.numformats.rounding import round_half_up, saturate
 
 from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
 from .lower_gains import apply_gains
@@ -180,7 +186,7 @@ def _quantize_weights(ctx: LowerContext, weight, bias, src: str, out: str):
     """(int8 weight, int16 bias, rshift, per-channel gains or None): BMNet's per-layer rule, or with gains."""
     if ctx.channel_gains:
         return apply_gains(weight, bias, ctx.t(src), ctx.t(out))
-    q = fp.bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(out))
+    q = bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(out))
     return q.weight, q.bias, q.rshift, None
 
 
@@ -273,9 +279,9 @@ def _add_pool(ctx: LowerContext, op: Op, mode: str, kernel, strides, pads, dil, 
     if mode == "avg":
         if any(pads) and not include_pad:
             raise unsupported(op, "average pooling that excludes padding from the divisor")
-        m, r = fp.bm1880_requant_multiplier(tx, ty * kernel[0] * kernel[1])
+        m, r = bm1880_requant_multiplier(tx, ty * kernel[0] * kernel[1])
     elif mode == "max":
-        m, r = (1, 0) if tx == ty else fp.bm1880_requant_multiplier(tx, ty)
+        m, r = (1, 0) if tx == ty else bm1880_requant_multiplier(tx, ty)
     else:
         raise unsupported(op, f"with mode {mode}")
     ctx.add(Layer(op.name, "pool", (src,), out, mode, kernel, strides, pads, dil, rshift=r, multipliers=(m,)))
@@ -284,14 +290,14 @@ def _add_pool(ctx: LowerContext, op: Op, mode: str, kernel, strides, pads, dil, 
 def _add_relu_like(ctx: LowerContext, name: str, mode: str, src: str, out: str, slope=0.0) -> None:
     """gt side `x·gt_scale >> gt_shift`, le side by a constant (leaky) or per-channel slopes (prelu)."""
     ratio = np.float32(ctx.t(src)) / np.float32(ctx.t(out))
-    gt, gt_shift = (int(v) for v in fp.bm1880_scale_shift(ratio, f"{name} gt scale"))
+    gt, gt_shift = (int(v) for v in bm1880_scale_shift(ratio, f"{name} gt scale"))
     weight, le, le_shift = None, 0, 0
     if mode == "leaky":
-        le, le_shift = (int(v) for v in fp.bm1880_scale_shift(np.float32(slope) * ratio, f"{name} le scale"))
+        le, le_shift = (int(v) for v in bm1880_scale_shift(np.float32(slope) * ratio, f"{name} le scale"))
     elif mode == "prelu":
         slopes = np.asarray(slope, np.float32) * ratio
-        _, le_shift = fp.bm1880_scale_shift(np.abs(slopes).max(), f"{name} le scale")
-        weight = fp.saturate(fp.round_half_up(slopes * np.float32(2.0 ** int(le_shift))), np.int8)
+        _, le_shift = bm1880_scale_shift(np.abs(slopes).max(), f"{name} le scale")
+        weight = saturate(round_half_up(slopes * np.float32(2.0 ** int(le_shift))), np.int8)
         le_shift = int(le_shift)
     gt, le = min(gt, 127), int(np.clip(le, -128, 127))  # signed 8-bit constants
     ctx.add(Layer(name, "act", (src,), out, mode, weight=weight, multipliers=(gt, le), shifts=(gt_shift, le_shift)))
@@ -328,7 +334,7 @@ def _lower_eltwise(ctx: LowerContext, op: Op) -> None:
         raise unsupported(op, "with constant or more than two inputs")
     if any(ctx.graph.shape(i) != ctx.graph.shape(out) for i in op.inputs):
         raise unsupported(op, "with broadcasting")
-    m, r = fp.bm1880_eltwise_multipliers(np.array([ctx.t(i) for i in op.inputs]), ctx.t(out))
+    m, r = bm1880_eltwise_multipliers(np.array([ctx.t(i) for i in op.inputs]), ctx.t(out))
     ctx.add(Layer(op.name, "eltwise", tuple(op.inputs), out, a.kind, rshift=int(r), relu=a.act is not None,
                   multipliers=tuple(int(v) for v in m)))  # fmt: skip
 
@@ -340,7 +346,7 @@ def _lower_concat(ctx: LowerContext, op: Op) -> None:
     axis4 = {4: axis, 2: axis, 3: (0, 1, 3)[axis]}.get(rank)
     if axis4 is None or any(ctx.graph.const(i) is not None for i in op.inputs):
         raise unsupported(op, f"on rank {rank} or with constant inputs")
-    pairs = [(1, 0) if ctx.t(i) == ctx.t(out) else fp.bm1880_requant_multiplier(ctx.t(i), ctx.t(out))
+    pairs = [(1, 0) if ctx.t(i) == ctx.t(out) else bm1880_requant_multiplier(ctx.t(i), ctx.t(out))
              for i in op.inputs]  # fmt: skip
     ctx.add(Layer(op.name, "concat", tuple(op.inputs), out, str(axis4),
                   multipliers=tuple(m for m, _ in pairs), shifts=tuple(r for _, r in pairs)))  # fmt: skip

@@ -15,7 +15,7 @@ import numpy as np
 
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.errors import CorruptFileError, UserError
-from npuc.compiler.fixedpoint import (
+from npuc.compiler.numformats.horizon_int8 import (
     horizon_scale_dequantize,
     horizon_scale_quantize,
     horizon_shift_dequantize,

@@ -12,20 +12,20 @@ import numpy as np
 
 from npuc.compiler import ops
 from npuc.compiler.errors import UserError
-from npuc.compiler.fixedpoint import (
+from npuc.compiler.ir import Op
+from npuc.compiler.kernels.activation import apply_activation
+from npuc.compiler.kernels.quantized.bf16_conv import conv_filter_as_transposed, transposed_conv_filter
+from npuc.compiler.kernels.quantized.int8 import window_cell_counts
+from npuc.compiler.kernels.quantized.params import OpQuant
+from npuc.compiler.numformats.cv18xx_int8 import (
     cv18xx_eltwise_multipliers,
     cv18xx_per_tensor_multiplier,
     cv18xx_qdm_multiplier,
     cv18xx_quantize_activation,
     cv18xx_quantize_bias_int32,
     cv18xx_quantize_conv,
-    round_half_away,
 )
-from npuc.compiler.ir import Op
-from npuc.compiler.kernels.activation import apply_activation
-from npuc.compiler.kernels.quantized.bf16_conv import conv_filter_as_transposed, transposed_conv_filter
-from npuc.compiler.kernels.quantized.int8 import window_cell_counts
-from npuc.compiler.kernels.quantized.params import OpQuant
+from npuc.compiler.numformats.rounding import round_half_away
 from npuc.passes.quantization.quant_context import BF16, Lowered, QuantContext, Rule, Scheme, int8_params
 from npuc.passes.quantization.quantize import register_scheme
 

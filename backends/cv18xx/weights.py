@@ -18,7 +18,7 @@ import numpy as np
 
 from npuc.backends.cv18xx import compression
 from npuc.backends.cv18xx.lmem import ALIGN, GTensor, align
-from npuc.compiler.fixedpoint import float32_to_bf16_bits
+from npuc.compiler.numformats.bf16_fp16 import float32_to_bf16_bits
 
 REGION_WEIGHT = 1
 DTYPE_CODES = {np.dtype(np.int8): 6, np.dtype(np.uint8): 7, np.dtype(np.uint16): 3, np.dtype(np.int32): 1}

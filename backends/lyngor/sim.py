@@ -15,9 +15,9 @@ import numpy as np
 
 from npuc.compiler import interp
 from npuc.compiler.errors import CorruptFileError, UserError
-from npuc.compiler.fixedpoint import round_to_fp16
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels import FLOAT_KERNELS, KernelFn
+from npuc.compiler.numformats.bf16_fp16 import round_to_fp16
 
 from . import manifest as mf
 from .payload import read_program, read_weights

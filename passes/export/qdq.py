@@ -44,8 +44,8 @@ from onnx import TensorProto, helper
 
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError, UserError
-from npuc.compiler.fixedpoint import bm1880_quantize_layer
 from npuc.compiler.ir import Graph, Op
+from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
 from npuc.frontends.colorspace import PreprocessAffine
 from npuc.frontends.onnx import load_model
 from npuc.passes.calibration.calibrate import tensor_table_names

@@ -40,13 +40,13 @@ from onnx import TensorProto
 
 from npuc.compiler.coverage import per_op, stop_if_gaps
 from npuc.compiler.errors import UnsupportedError
-from npuc.compiler.fixedpoint import round_to_bf16
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.bf16 import pad_exclusion_factors
 from npuc.compiler.kernels.quantized.bf16_act import bf16_constant
 from npuc.compiler.kernels.quantized.bf16_conv import conv_transpose_pads, transposed_conv_filter
 from npuc.compiler.kernels.quantized.int8 import pool_requant
 from npuc.compiler.kernels.quantized.params import OpQuant
+from npuc.compiler.numformats.bf16_fp16 import round_to_bf16
 from npuc.passes.export.qdq_ops import EMITTERS, OnnxBuilder, activation
 
 I64 = TensorProto.INT64

@@ -9,12 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from npuc.compiler import ops
-from npuc.compiler.fixedpoint import (
-    constant_to_bf16,
-    cv18xx_quantize_activation,
-)
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
+from npuc.compiler.numformats.bf16_fp16 import constant_to_bf16
+from npuc.compiler.numformats.cv18xx_int8 import cv18xx_quantize_activation
 
 BF16 = QuantParams("bf16")
 

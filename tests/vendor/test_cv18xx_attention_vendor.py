@@ -23,7 +23,7 @@ from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.kernels.scientific import reciprocal_tables, rsqrt_tables
 from npuc.backends.cv18xx.sim import run_cvimodel
 from npuc.backends.cv18xx.sim_tiu import bf16_to_f32
-from npuc.compiler.fixedpoint import round_to_bf16
+from npuc.compiler.numformats.bf16_fp16 import round_to_bf16
 from npuc.models.images import model_inputs
 
 from .cv18xx_build_util import build, real_model_shapes

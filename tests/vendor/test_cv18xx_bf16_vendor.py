@@ -25,11 +25,11 @@ from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.isa import ENGINE_TDMA, ENGINE_TIU
 from npuc.backends.cv18xx.sim import run_cvimodel, tdma_convert
-from npuc.compiler.fixedpoint import float32_to_bf16_bits, round_to_bf16
 from npuc.compiler.interp import run
 from npuc.compiler.kernels.activation import erf
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.bf16_lut import slope_lookup, slope_table
+from npuc.compiler.numformats.bf16_fp16 import float32_to_bf16_bits, round_to_bf16
 from npuc.passes.calibration.calitable import read_table
 from npuc.passes.quantization.quantize import quantize
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from npuc.compiler.fixedpoint import round_to_bf16
+from npuc.compiler.numformats.bf16_fp16 import round_to_bf16
 
 from ...ir import Op
 from ...ops import OPS

@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from npuc.compiler.fixedpoint import round_to_bf16
+from npuc.compiler.numformats.bf16_fp16 import round_to_bf16
 
 from ...ops import Activation
 from .bf16_lut import multiply_accumulate

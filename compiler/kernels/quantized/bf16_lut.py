@@ -31,8 +31,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from npuc.compiler.fixedpoint import round_to_bf16
 from npuc.compiler.kernels.activation import erf
+from npuc.compiler.numformats.bf16_fp16 import round_to_bf16
 from npuc.compiler.ops import Activation
 
 ENTRIES = 256

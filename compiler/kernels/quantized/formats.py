@@ -13,13 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from npuc.compiler.fixedpoint import (
-    bf16_bits_to_float32,
-    cv18xx_quantize_activation,
-    round_half_even,
-    round_to_bf16,
-    saturate,
-)
+from npuc.compiler.numformats.bf16_fp16 import bf16_bits_to_float32, round_to_bf16
+from npuc.compiler.numformats.cv18xx_int8 import cv18xx_quantize_activation
+from npuc.compiler.numformats.rounding import round_half_even, saturate
 
 from ...ir import QuantParams
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from npuc.compiler.fixedpoint import (
-    cv18xx_apply_multiplier_rshift,
-    rounding_divide_by_pot,
-    saturate,
-    saturating_rounding_doubling_high_mul,
-)
+from npuc.compiler.numformats.cv18xx_int8 import cv18xx_apply_multiplier_rshift
+from npuc.compiler.numformats.gemmlowp import rounding_divide_by_pot, saturating_rounding_doubling_high_mul
+from npuc.compiler.numformats.rounding import saturate
 
 from ...ir import Op
 from ...ops import pool_out_size
