@@ -8,7 +8,7 @@ liveness plan instead of taking private memory of their own.
 
 Options read from `request.options`: quant_input, quant_output, float_layers (list), allow_partial_table
 (a calibration table missing many of the model's tensors is used anyway), layer_group (bool,
-default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group.py), sync
+default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group*.py), sync
 ("parallel", the default: descriptors wait only for true dependencies, or "serial": cvikernel's fully ordered
 scheme; sync.py), compress_weights (bool, default on: filters stored VLC-compressed where that is smaller,
 weights.py).
@@ -31,7 +31,7 @@ from npuc.backends.cv18xx.emit import CmdStream
 from npuc.backends.cv18xx.fbcodec import encode as fb_encode
 from npuc.backends.cv18xx.generate import generate
 from npuc.backends.cv18xx.inputs import INTEGER_DTYPES, settle_integer_inputs
-from npuc.backends.cv18xx.kernels.group import layer_groups
+from npuc.backends.cv18xx.kernels.group_plan import layer_groups
 from npuc.backends.cv18xx.memplan import MemoryPlan, plan_memory
 from npuc.backends.cv18xx.preprocess import frame_spec, fuse_preprocess, input_fields
 from npuc.backends.cv18xx.weights import bf16_bits

@@ -32,7 +32,7 @@ class Codegen:
     fmt: dict[str, str]  # tensor -> "int8" | "bf16" | "float32"
     stream: CmdStream = None  # type: ignore[assignment]
     weights: WeightArea = field(default_factory=WeightArea)
-    top_aligned: bool = False  # lay this unit's local memory out against the top of the lane (group.py)
+    top_aligned: bool = False  # lay this unit's local memory out against the top of the lane (group_plan.py)
     compress_weights: bool = False  # store filters VLC-compressed where that is smaller (weights.py)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,211 @@
+"""The local-memory plan of a CV18xx layer group, and the tile height at which one fits.
+
+`layer_groups` has passes/lowering/layer_group.py form the groups, told which ops may join (group_ops.can_join)
+and how many output rows per tile fit (`rows_that_fit`); it gives each tile's rows. The plan lays out a lane:
+
+- resident: every op's constants (filters, per-channel records, lookup tables), loaded once per group at the
+  bottom of each lane;
+- slots: one per tensor the tile holds, first-fit above the residents, alive from the op that fills it (its
+  producer, or a load from gmem before its first reader) to its last reader; every tile uses the same
+  addresses, sized for the tallest tile. A group input read by ops that need different rows (a 3x3 conv and
+  the residual add) gets a slot per distinct read; a tensor made inside the group holds the union of its
+  readers' rows, so an op that derives strides from the shape (conv, pool, lookup) must read all of it;
+- scratch: the temporaries an op asks for (the int16 high plane of an int8 add), freed right after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from npuc.backends.cv18xx.codegen import Codegen
+from npuc.backends.cv18xx.kernels.group_ops import LOCAL_FMT, LOCAL_KERNELS, can_join, needs_exact_rows
+from npuc.backends.cv18xx.kernels.tiling import largest_fit
+from npuc.backends.cv18xx.lmem import local_bytes
+from npuc.compiler.allocator import FreeList
+from npuc.compiler.ir import Op
+from npuc.passes.lowering.layer_group import LayerGroup, Rows, Tile, form_groups
+
+
+@dataclass
+class Slot:
+    """A place in every lane for one tensor the tile holds, from the op that fills it to its last reader."""
+
+    tensor: str
+    readers: list[tuple[int, int]]  # (op index, input index)
+    start: int  # op index that fills it
+    end: int  # op index of its last reader
+    loaded: bool
+    addr: int = 0
+    copy_stride: int = 0  # bytes between the two copies of a double-buffered slot (0: one copy)
+
+    def at(self, tile_index: int) -> int:
+        """The copy tile `tile_index` uses: double-buffered slots alternate, so the next tile's transfer
+        runs while this tile computes."""
+        return self.addr + (tile_index % 2) * self.copy_stride
+
+    def rows(self, group: LayerGroup, tile: Tile) -> Rows:
+        if not self.loaded:
+            return tile.rows[self.tensor]
+        spans = [tile.reads[(group.ops[k].name, i)].rows for k, i in self.readers]
+        return min(s[0] for s in spans), max(s[1] for s in spans)
+
+
+@dataclass
+class Plan:
+    """Where each resident, slot and temporary of a group sits in a lane, for tiles of one height."""
+
+    tiles: list[Tile]
+    resident: list[list[int]]  # per op: the lane address of each resident
+    slots: list[Slot]
+    slot_of: dict[tuple[int, int], Slot] = field(default_factory=dict)  # (op index, input index) -> slot
+    out_slot: dict[int, Slot] = field(default_factory=dict)  # op index -> the slot its output fills
+    scratch: dict[int, list[int]] = field(default_factory=dict)  # op index -> temporaries' addresses
+    peak: int = 0  # bytes per lane the plan uses, from address 0
+    double: bool = False  # group inputs and output have two copies (tiles alternate)
+
+    def shift(self, by: int) -> None:
+        """Move every address up by `by` bytes."""
+        self.resident = [[a + by for a in addrs] for addrs in self.resident]
+        for s in self.slots:
+            s.addr += by
+        self.scratch = {k: [a + by for a in addrs] for k, addrs in self.scratch.items()}
+
+
+def _slots(cg: Codegen, group: LayerGroup, tiles: list[Tile]) -> tuple[list[Slot], dict, dict] | None:
+    """The group's slots; None when a tensor made inside cannot serve all its readers from one copy."""
+    ops = group.ops
+    slots: list[Slot] = []
+    slot_of: dict[tuple[int, int], Slot] = {}
+    out_slot: dict[int, Slot] = {}
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, op in enumerate(ops):
+        for i, name in enumerate(op.inputs):
+            if name and not cg.graph.tensors[name].is_const:
+                readers.setdefault(name, []).append((k, i))
+
+    def read(t: Tile, key: tuple[int, int]) -> Rows:
+        return t.reads[(ops[key[0]].name, key[1])].rows
+
+    for k, op in enumerate(ops):
+        name = op.outputs[0]
+        mine = readers.get(name, [])
+        slot = Slot(name, mine, k, max([k, *(r[0] for r in mine)]), loaded=False)
+        for key in mine:
+            if needs_exact_rows(ops[key[0]]) and any(read(t, key) != t.rows[name] for t in tiles):
+                return None
+            slot_of[key] = slot
+        slots.append(slot)
+        out_slot[k] = slot
+    for name in group.inputs:
+        mine: list[Slot] = []
+        keys = readers[name]
+        for key in sorted(keys, key=lambda kk: not needs_exact_rows(ops[kk[0]])):  # exact readers first
+            exact = needs_exact_rows(ops[key[0]])
+            home = None
+            for cand in mine:
+                first = cand.readers[0]
+                if exact and all(read(t, first) == read(t, key) for t in tiles):
+                    home = cand
+                elif not exact and all(_inside(read(t, key), cand.rows(group, t)) for t in tiles):
+                    home = cand
+                if home is not None:
+                    break
+            if home is None:
+                home = Slot(name, [], key[0], key[0], loaded=True)
+                mine.append(home)
+                slots.append(home)
+            home.readers.append(key)
+            home.start, home.end = min(home.start, key[0]), max(home.end, key[0])
+            slot_of[key] = home
+    return slots, slot_of, out_slot
+
+
+def _inside(rows: Rows, held: Rows) -> bool:
+    return held[0] <= rows[0] and rows[1] <= held[1]
+
+
+def _slot_bytes(cg: Codegen, group: LayerGroup, slot: Slot, tiles: list[Tile]) -> int:
+    _, c, _, w = cg.graph.shape(slot.tensor)
+    fmt = LOCAL_FMT[cg.fmt[slot.tensor]]
+    tallest = max(r[1] - r[0] for r in (slot.rows(group, t) for t in tiles))
+    return local_bytes(cg.chip, (1, c, tallest, w), fmt)
+
+
+def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False) -> Plan | None:
+    """Addresses of every resident, slot and temporary for tiles of `rows` output rows; None if they don't fit.
+
+    With `double`, the slots the TDMA fills (group inputs) and drains (the group output) get two copies. With
+    cg.top_aligned the whole layout moves up against the top of the lane: consecutive units alternate, so a
+    group's resident loads land where the unit before it is not working and run under its compute."""
+    chip = cg.chip
+    tiles = list(group.tiles(cg.graph, rows))
+    made = _slots(cg, group, tiles)
+    if made is None:
+        return None
+    slots, slot_of, out_slot = made
+    plan = Plan(tiles, [], slots, slot_of, out_slot, double=double)
+
+    top = 0
+    for op in group.ops:
+        addrs = []
+        for r in LOCAL_KERNELS[op.kind].resident(cg, op):
+            size = local_bytes(chip, r.shape, r.fmt, r.eu_align)
+            addrs.append(top)
+            top += size
+        plan.resident.append(addrs)
+    base = top
+    free = FreeList()
+    sizes = {id(s): _slot_bytes(cg, group, s, tiles) for s in slots}
+    last = out_slot[len(group.ops) - 1]
+    copies = {id(s): 2 if double and (s.loaded or s is last) else 1 for s in slots}
+
+    def take(s: Slot) -> None:
+        size = sizes[id(s)] * copies[id(s)]
+        s.addr = base + free.alloc(size)
+        s.copy_stride = sizes[id(s)] if copies[id(s)] == 2 else 0
+
+    def give(s: Slot) -> None:
+        size = sizes[id(s)] * copies[id(s)]
+        free.release(s.addr - base, size)
+
+    # Double-buffered slots are placed before the tile's first op and live through it: the next tile's inputs
+    # are prefetched into them while this tile runs, and the last tile's output drains from them.
+    pinned = [s for s in slots if copies[id(s)] == 2]
+    for s in pinned:
+        take(s)
+    for k, op in enumerate(group.ops):
+        for s in slots:
+            if s.loaded and s.start == k and s not in pinned:
+                take(s)
+        out = out_slot[k]
+        if out not in pinned:
+            take(out)
+        temps = [free.alloc(sizes[id(out)]) for _ in range(LOCAL_KERNELS[op.kind].scratch(op))]
+        plan.scratch[k] = [base + t for t in temps]
+        plan.peak = max(plan.peak, base + free.top)
+        if plan.peak > chip.lmem_size:
+            return None
+        for t in temps:
+            free.release(t, sizes[id(out)])
+        for s in slots:
+            if s.end == k and s not in pinned and not (s is out and k == len(group.ops) - 1):
+                give(s)
+    if cg.top_aligned:
+        plan.shift(chip.lmem_size - plan.peak)
+    return plan
+
+
+def best_plan(cg: Codegen, group: LayerGroup) -> Plan | None:
+    """Double-buffered when that costs no extra tiles, else single. (Shorter tiles to make room for two
+    copies were measured on resnet18_224: the halo rows they recompute and reload cost more than the
+    overlap gains, so the group keeps the tile height it was formed with.)"""
+    return plan_group(cg, group, group.rows, double=True) or plan_group(cg, group, group.rows)
+
+
+def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
+    height = cg.graph.shape(group.output)[2]
+    return largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None)
+
+
+def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str]) -> list[Op | LayerGroup]:
+    return form_groups(cg.graph, ops, lambda op: can_join(cg, op), lambda g: rows_that_fit(cg, g), pinned)
