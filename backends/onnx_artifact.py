@@ -12,7 +12,8 @@ from npuc.compiler import interp
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
 from npuc.compiler.ir import Graph
 from npuc.compiler.stats import op_flops, op_params
-from npuc.frontends.onnx import import_onnx, load_model
+from npuc.frontends.onnx import import_onnx
+from npuc.frontends.onnx_load import load_model
 
 
 def load_canonical(path: Path, options: ArtifactOptions, notes: list[str] | None = None) -> Graph:

@@ -253,7 +253,8 @@ def calibrate_cli_path(model: Path, calib: Sequence[dict[str, np.ndarray]], fold
     """What a user runs, as one call: `npuc calibrate MODEL --data DIR -o T --split-channels 3 --tune 5
     --refine weights` (passes.calibration.calibrate.calibrate), then what `npuc build --calib T` quantizes: the
     canonicalized model with the side file applied (the split, then the refitted constants). (graph, ThresholdMap)."""
-    from npuc.frontends.onnx import import_model, load_model
+    from npuc.frontends.onnx import import_model
+    from npuc.frontends.onnx_load import load_model
     from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, tensor_table_names
     from npuc.passes.calibration.refinement import Refinement, apply_refinement
     from npuc.passes.quantization.quantize import thresholds_for_graph
@@ -327,7 +328,8 @@ def ort_int8_outputs(
 
 def float_ir(model: Path, table):  # noqa: ANN001, ANN201 - (Graph, ThresholdMap)
     """The canonicalized float IR of `model` and the table's thresholds on its tensors."""
-    from npuc.frontends.onnx import import_model, load_model
+    from npuc.frontends.onnx import import_model
+    from npuc.frontends.onnx_load import load_model
     from npuc.passes.calibration.calibrate import tensor_table_names
     from npuc.passes.quantization.quantize import thresholds_for_graph
     from npuc.passes.rewrite.canonicalize import canonicalize

@@ -1,6 +1,6 @@
 """ONNX frontend: load a model file, pin its input shapes, simplify it, and convert it to the npuc IR.
 
-Steps: load (external data confined to the model's folder) → pin dynamic input dims → shape inference →
+Steps: load (onnx_load.py: external data confined to the model's folder) → pin dynamic input dims → shape inference →
 onnx-graphsurgeon clean-up (constant folding, Identity/Dropout removal, toposort) → one converter per node,
 chosen by (op_type, since_version) → IR verification. Every unsupported op is reported at once.
 """
@@ -8,20 +8,19 @@ chosen by (op_type, since_version) → IR verification. Every unsupported op is 
 from __future__ import annotations
 
 import logging
-import mmap
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 from onnx import external_data_helper, numpy_helper
 
 from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.fold import fold_constant_ops
 from npuc.compiler.ir import Graph
 
+from .onnx_load import load_model, short_reason
 from .onnx_ops import ConvertContext, find_converter
 
 InputShapes = dict[str, tuple[int, ...]]
@@ -38,123 +37,6 @@ def parse_input_shapes(specs: Iterable[str]) -> InputShapes:
             raise UserError(f"bad --input-shape '{spec}': write NAME:D0,D1,... such as x:1,3,224,224")
         shapes[match.group(1)] = tuple(int(d) for d in match.group(2).split(","))
     return shapes
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------------------
-
-
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Read an ONNX file, with external data that must live inside the model's folder."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"model file not found: {path}; check the path")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise UserError(
-            f"{path} is not a readable ONNX model ({_short(exc)}); the file is truncated or of another format"
-        ) from None
-    if not model.graph.output or not model.opset_import:
-        raise UserError(f"{path} is not an ONNX model (no graph outputs or opset); pass a .onnx file")
-    _load_external_data(model, path.parent.resolve(), path)
-    return model
-
-
-_GRAPH_FIELD = 7  # ModelProto.graph
-_INITIALIZER_FIELDS = (5, 15)  # GraphProto.initializer, sparse_initializer
-
-
-def _varint(buf: mmap.mmap | bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _fields(buf: mmap.mmap | bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, start, payload start, end) of each protobuf field in buf[start:end]."""
-    pos = start
-    while pos < end:
-        key, at = _varint(buf, pos)
-        wire = key & 7
-        if wire == 0:
-            _, stop = _varint(buf, at)
-        elif wire in (1, 5):
-            stop = at + (8 if wire == 1 else 4)
-        elif wire == 2:
-            size, at = _varint(buf, at)
-            stop = at + size
-        else:
-            raise ValueError(f"protobuf wire type {wire}")
-        if stop > end:
-            raise ValueError("protobuf field runs past its message")
-        yield key >> 3, pos, at, stop
-        pos = stop
-
-
-def _without_initializers(buf: mmap.mmap | bytes) -> bytes:
-    """The serialized model minus its graph's initializers; their bytes are skipped, never read."""
-    out = bytearray()
-    for number, start, payload, stop in _fields(buf, 0, len(buf)):
-        if number != _GRAPH_FIELD:
-            out += buf[start:stop]
-            continue
-        graph = bytearray()
-        for inner, a, _, b in _fields(buf, payload, stop):
-            if inner not in _INITIALIZER_FIELDS:
-                graph += buf[a:b]
-        out += _encode_varint(_GRAPH_FIELD << 3 | 2) + _encode_varint(len(graph)) + graph
-    return bytes(out)
-
-
-def load_structure(path: str | Path) -> onnx.ModelProto:
-    """The model's graph without its initializers (nodes, inputs, outputs, value infos): what a pass that only
-    follows names needs, without reading the weights into memory."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return onnx.ModelProto.FromString(_without_initializers(buf))
-    except (ValueError, IndexError, OSError, DecodeError):  # not plain protobuf: the full reader says why
-        return onnx.load(str(path), load_external_data=False)
-
-
-def _load_external_data(model: onnx.ModelProto, base: Path, path: Path) -> None:
-    for tensor in external_data_helper._get_all_tensors(model):
-        if not external_data_helper.uses_external_data(tensor):
-            continue
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        location = info.get("location", "")
-        target = (base / location).resolve()
-        if not location or Path(location).is_absolute() or not target.is_relative_to(base):
-            raise UserError(
-                f"{path}: tensor '{tensor.name}' points to external data '{location}' outside the model's "
-                f"folder {base}; move the data file next to the model"
-            )
-        if not target.is_file():
-            raise UserError(f"{path}: external data file '{location}' of tensor '{tensor.name}' is missing")
-    try:
-        external_data_helper.load_external_data_for_model(model, str(base))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read external data ({_short(exc)})") from None
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -289,7 +171,7 @@ def _check_stored_values(graph: onnx.GraphProto) -> None:
         try:
             numpy_helper.to_array(tensor)
         except (ValueError, TypeError, KeyError) as exc:  # dims that disagree with the data, an unknown data_type
-            raise UserError(f"{where}: its data does not decode ({_short(exc)}); the model is damaged") from None
+            raise UserError(f"{where}: its data does not decode ({short_reason(exc)}); the model is damaged") from None
 
 
 def _check_constant_budget(graph: onnx.GraphProto) -> None:
@@ -500,7 +382,7 @@ def _import(load: Callable[[], onnx.ModelProto], input_shapes: InputShapes | Non
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:  # onnx raises several types for inconsistent models
-        raise UserError(f"shape inference failed: {_short(exc)}; check --input-shape against the model") from None
+        raise UserError(f"shape inference failed: {short_reason(exc)}; check --input-shape against the model") from None
     del model  # the loaded model's arena, weights included
     try:
         model = _simplified(inferred)
@@ -518,7 +400,7 @@ def _simplified(model: onnx.ModelProto) -> onnx.ModelProto:
         return simplify(model)
     except (UnboundLocalError, KeyError, IndexError, TypeError, ValueError) as exc:
         # graphsurgeon's import/export of a damaged graph (a tensor of no kind, a dangling reference)
-        raise UserError(f"the model's graph does not import ({_short(exc)}); the model is damaged") from None
+        raise UserError(f"the model's graph does not import ({short_reason(exc)}); the model is damaged") from None
 
 
 def import_onnx(path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None) -> Graph:

@@ -46,7 +46,7 @@ from npuc.backends.bm1880.quantize import (
 )
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
-from npuc.frontends.onnx import load_model
+from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration.calibrate import tensor_table_names
 from npuc.passes.export.qdq import ExportRequest, InputPrologue, onnx_model, register_exact_writer
 from npuc.passes.export.qdq_exact import ExactBuilder

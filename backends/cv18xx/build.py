@@ -42,7 +42,7 @@ from npuc.compiler.fileio import atomic_write_bytes
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.quantized.params import OpQuant, with_quant
 from npuc.compiler.targets import BuildRequest, BuildResult, bool_option
-from npuc.frontends.onnx import load_structure
+from npuc.frontends.onnx_load import load_structure
 from npuc.passes.calibration.calibrate import tensor_table_names
 from npuc.passes.calibration.calitable import read_table
 from npuc.passes.lowering.layer_group import LayerGroup

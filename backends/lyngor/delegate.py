@@ -42,7 +42,8 @@ _TRANSPOSE = {("nhwc", "nchw"): NHWC_TO_NCHW, ("nchw", "nhwc"): (0, 2, 3, 1)}
 
 def pinned_model(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> bytes:
     """The request's ONNX model with `shapes` pinned and the frontend's ONNX clean-up applied, serialized."""
-    from npuc.frontends.onnx import load_model, pin_input_shapes, simplify
+    from npuc.frontends.onnx import pin_input_shapes, simplify
+    from npuc.frontends.onnx_load import load_model
 
     model = load_model(request.model_path)
     pin_input_shapes(model, shapes)

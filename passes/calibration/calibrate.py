@@ -39,7 +39,8 @@ import onnx
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph
-from npuc.frontends.onnx import InputShapes, import_model, load_model, pin_input_shapes
+from npuc.frontends.onnx import InputShapes, import_model, pin_input_shapes
+from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration import shards
 from npuc.passes.calibration.calitable import CalibrationTable, table_from_rows
 from npuc.passes.calibration.histogram import DEFAULT_BINS, THRESHOLD_METHODS, CalibrationStats, load_stats, table_rows

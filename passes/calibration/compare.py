@@ -28,7 +28,8 @@ from npuc.compiler.interp import external_shape, run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.formats import convert
-from npuc.frontends.onnx import InputShapes, import_model, load_model
+from npuc.frontends.onnx import InputShapes, import_model
+from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration.calibrate import calibrate, plan_calibration, tensor_table_names
 from npuc.passes.calibration.calitable import CalibrationTable, read_table
 from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample

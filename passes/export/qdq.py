@@ -47,7 +47,7 @@ from npuc.compiler.errors import UnsupportedError, UserError
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
 from npuc.frontends.colorspace import PreprocessAffine
-from npuc.frontends.onnx import load_model
+from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration.calibrate import tensor_table_names
 from npuc.passes.calibration.calitable import CalibrationTable
 from npuc.passes.export.qdq_exact import ExactBuilder, int8_value_infos, write_exact_nodes
