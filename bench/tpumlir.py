@@ -20,6 +20,10 @@ from pathlib import Path
 import numpy as np
 
 
+class ToolFailed(RuntimeError):
+    """A tpu-mlir tool exited non-zero (its crash is a result of the comparison, not the bench's failure)."""
+
+
 def venv() -> Path | None:
     """The tpu-mlir venv from TPU_MLIR_VENV, or None when it is not set (the benches then print their stored rows)."""
     path = os.environ.get("TPU_MLIR_VENV")
@@ -36,15 +40,15 @@ def _children_cpu() -> float:
 
 
 def run_tool(tool: str, args: list[str], cwd: Path) -> float:
-    """Run one tpu-mlir tool in `cwd`; its CPU seconds. A failure stops the bench with the tool's last lines."""
+    """Run one tpu-mlir tool in `cwd`; its CPU seconds. A failure raises ToolFailed with the tool's last lines."""
     home = venv()
     assert home is not None
     env = {**os.environ, "PATH": f"{home / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(home)}
     before = _children_cpu()
     done = subprocess.run([str(home / "bin" / tool), *args], cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise SystemExit(f"tpu-mlir {tool} failed (exit {done.returncode}) in {cwd}:\n{tail}")
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.lstrip().startswith("#")]
+        raise ToolFailed(f"tpu-mlir {tool} failed (exit {done.returncode}): " + " | ".join(lines[-3:])[-400:])
     return _children_cpu() - before
 
 

@@ -1,6 +1,7 @@
 """npuc's default INT8 against tpu-mlir's on the same pictures, both run on the vendor CV18xx simulator.
 
     .venv/bin/python bench/vs_tpumlir.py [--photos N]
+    TPU_MLIR_VENV=/tmp/tpumlir .venv/bin/python bench/vs_tpumlir.py   # + tpu-mlir run live on npuc's samples
 
 tpu-mlir's side is the files its own tools made (../shared/golden/cv18xx/*_tpumlir_cv183x_int8.cvimodel,
 tpu-mlir 1.30.2, calibrated by their authors on 20 photos); npuc's side is `npuc calibrate` with no option,
@@ -16,6 +17,13 @@ worst per picture, top-1 agreement on confident pictures for the classifier).
 Measured (2 shared cores): PP-LCNet 76 pictures npuc 0.9906 / 0.925 vs tpu-mlir 0.9501 / 0.654 (top-1 1.0
 both); O-Net box output npuc 0.9971 / 0.9881 vs tpu-mlir 0.9983 / 0.9915, landmarks 0.9999 vs 1.0, face
 probability 1.0 both.
+With TPU_MLIR_VENV (bench/tpumlir.py), a third row per model: tpu-mlir's default flow (model_transform,
+run_calibration KL + tune 5, model_deploy INT8 cv183x) calibrated on exactly the samples npuc calibrated on.
+Measured live (O-Net, box output mean / worst): npuc default 0.9971 / 0.9881, tpu-mlir on the same samples
+0.9983 / 0.9956; npuc `--method kl --tune 5` 0.9966 / 0.9910, and npuc's build of tpu-mlir's own table
+0.9982 / 0.9923 — the gap is in the thresholds (tpu-mlir bins each sample at a geometry set by the first
+sample's range), not in the lowering. PP-LCNet: tpu-mlir 1.30.2's model_deploy crashes here (tpuc-opt
+--codegen segfaults for cv183x int8), so its row is the stored file only.
 """
 
 from __future__ import annotations
@@ -59,6 +67,20 @@ def npuc_default_build(model: Path, calib: list[dict[str, np.ndarray]], folder: 
     return out
 
 
+def live_build(model: Path, calib: list[dict[str, np.ndarray]], folder: Path, name: str) -> dict[str, Path]:
+    """With TPU_MLIR_VENV set: tpu-mlir's default int8 cvimodel calibrated on npuc's samples (bench/tpumlir.py)."""
+    tpumlir = _module("npuc_bench_tpumlir", ROOT / "bench" / "tpumlir.py")
+    if tpumlir.venv() is None:
+        return {}
+    try:
+        path, seconds = tpumlir.build_int8(model, calib, folder, name)
+    except tpumlir.ToolFailed as failure:
+        print(f"  (tpu-mlir live, same samples: {failure})")
+        return {}
+    print(f"  (tpu-mlir live: {', '.join(f'{k} {v:.1f} s' for k, v in seconds.items())} CPU)")
+    return {"tpu-mlir, same samples": path}
+
+
 def per_output(vendor, model: Path, paths: dict[str, Path], feeds: list[dict[str, np.ndarray]]) -> None:  # noqa: ANN001
     """Mean / worst cosine per output and label, against onnxruntime."""
     import onnxruntime as ort
@@ -79,6 +101,7 @@ def per_output(vendor, model: Path, paths: dict[str, Path], feeds: list[dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=19, help="PP-LCNet: photos besides page() (4 rotations each)")
+    parser.add_argument("--models", default="pplcnet,onet", help="comma-separated: pplcnet, onet")
     args = parser.parse_args(argv)
     sys.path[:0] = [str(ROOT / "tests" / "vendor"), str(ROOT / "tests")]
     import cv18xx_sim as vendor
@@ -90,26 +113,33 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = _module("npuc_bench_accuracy", ROOT / "bench" / "accuracy.py")
     golden = GOLDEN_ROOT / "cv18xx"
     with tempfile.TemporaryDirectory() as tmp:
-        model = fetch_model(accuracy.MODEL)
-        pics = accuracy.pictures(photos=args.photos)
-        feeds, calib = accuracy.feeds_of(pics), accuracy.feeds_of(pics, mirror=True)
-        ref = accuracy.fp32_outputs(model, feeds)
-        ours = npuc_default_build(model, calib, Path(tmp) / "pplcnet")
-        print(f"PP-LCNet orientation, {len(feeds)} pictures (mean / worst cosine, top-1 on confident ones):")
-        for label, path in (
-            ("npuc default", ours),
-            ("tpu-mlir 1.30.2", golden / "pplcnet_tpumlir_cv183x_int8.cvimodel"),
-        ):
-            got = np.concatenate([np.asarray(next(iter(vendor.run_vendor(path, f).values()))).reshape(1, -1)
-                                  for f in feeds])  # fmt: skip
-            score = accuracy.score(label, ref, got, 0.0)
-            print(f"  {label:22s} {score.mean_cosine:.4f} / {score.min_cosine:.4f}, top-1 {score.top1_agreement:.3f}")
-        model = fetch_model("mtcnn_onet")
-        ours = npuc_default_build(model, model_inputs("mtcnn_onet", 31), Path(tmp) / "onet")
-        crops = [{"input_3": preprocess(crop, "mtcnn_onet")} for crop in face_crops()[16:47]]
-        print("MTCNN O-Net, 31 LFW face crops no calibration saw (per output: mean / worst cosine):")
-        paths = {"npuc default": ours, "tpu-mlir 1.30.2": golden / "onet_tpumlir_cv183x_int8.cvimodel"}
-        per_output(vendor, model, paths, crops)
+        if "pplcnet" in args.models:
+            model = fetch_model(accuracy.MODEL)
+            pics = accuracy.pictures(photos=args.photos)
+            feeds, calib = accuracy.feeds_of(pics), accuracy.feeds_of(pics, mirror=True)
+            ref = accuracy.fp32_outputs(model, feeds)
+            paths = {
+                "npuc default": npuc_default_build(model, calib, Path(tmp) / "pplcnet"),
+                "tpu-mlir 1.30.2": golden / "pplcnet_tpumlir_cv183x_int8.cvimodel",
+                **live_build(model, calib, Path(tmp) / "pplcnet_tpumlir", "pplcnet"),
+            }
+            print(f"PP-LCNet orientation, {len(feeds)} pictures (mean / worst cosine, top-1 on confident ones):")
+            for label, path in paths.items():
+                got = np.concatenate([np.asarray(next(iter(vendor.run_vendor(path, f).values()))).reshape(1, -1)
+                                      for f in feeds])  # fmt: skip
+                s = accuracy.score(label, ref, got, 0.0)
+                print(f"  {label:22s} {s.mean_cosine:.4f} / {s.min_cosine:.4f}, top-1 {s.top1_agreement:.3f}")
+        if "onet" in args.models:
+            model = fetch_model("mtcnn_onet")
+            calib = model_inputs("mtcnn_onet", 31)
+            crops = [{"input_3": preprocess(crop, "mtcnn_onet")} for crop in face_crops()[16:47]]
+            paths = {
+                "npuc default": npuc_default_build(model, calib, Path(tmp) / "onet"),
+                "tpu-mlir 1.30.2": golden / "onet_tpumlir_cv183x_int8.cvimodel",
+                **live_build(model, calib, Path(tmp) / "onet_tpumlir", "onet"),
+            }
+            print("MTCNN O-Net, 31 LFW face crops no calibration saw (per output: mean / worst cosine):")
+            per_output(vendor, model, paths, crops)
     return 0
 
 
