@@ -260,7 +260,20 @@ def tiu_conv(ctx: TiuContext) -> None:
     if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (quantized/bf16_conv.py)
         _finish_bf16(ctx, accumulate_windows(win, w, 1, _bias_or_none(ctx, oc)))
         return
-    _finish(ctx, np.einsum("ncyxij,ocij->noyx", win, w, optimize=True))
+    _finish(ctx, _integer_conv(win, w))
+
+
+def _integer_conv(win: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """int64 sums (n, oc, oh, ow) of integer windows (n, c, oh, ow, kh, kw) with filters (oc, c, kh, kw): one
+    float64 matrix product per kernel position. Exact: every product of two bytes and every partial sum is an
+    integer below 2^53 (at most 255 * 255 * 4095 * 4095 * 4095 < 2^52 for any descriptor's sizes)."""
+    n, c, oh, ow, kh, kw = win.shape
+    acc = np.zeros((n, w.shape[0], oh * ow), np.float64)
+    filters = w.astype(np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            acc += filters[:, :, i, j] @ win[..., i, j].reshape(n, c, oh * ow).astype(np.float64)
+    return acc.astype(np.int64).reshape(n, -1, oh, ow)
 
 
 def tiu_depthwise(ctx: TiuContext) -> None:
