@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
-from npuc.compiler.kernels.quantized.bf16_conv import accumulate_products, accumulate_windows
+from npuc.compiler.toward_zero import accumulate_products, accumulate_windows
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
 _CV183X_ALIASES = {
@@ -257,7 +257,7 @@ def tiu_conv(ctx: TiuContext) -> None:
     )
     w = (bf16_to_f32(w) if ctx.bf16 else w.astype(np.int64)).reshape(oc, kh, kw, ic).transpose(0, 3, 1, 2)
     win = _windows(ctx, x, kh, kw, 0)
-    if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (quantized/bf16_conv.py)
+    if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (compiler/toward_zero.py)
         _finish_bf16(ctx, accumulate_windows(win, w, 1, _bias_or_none(ctx, oc)))
         return
     _finish(ctx, _integer_conv(win, w))

@@ -8,8 +8,8 @@ conv_depthwise inputs where a float64 sum disagreed with it in the last bit (17 
 order and rounding agree everywhere, while round-to-nearest additions in any of the orders tried do not.
 
 The sum depends on the order, so it loops over the kernel terms (kh·kw·ic steps), each step vectorized over
-all outputs; the products of a run of steps are formed at once, then added one after another
-(compiler/toward_zero.py).
+all outputs (`accumulate_windows` and the matrix multiply's `accumulate_products` live in
+compiler/toward_zero.py, where the cv18xx simulator takes them without this package's kernels).
 
 A transposed conv runs on the TIU as a stride-1 conv over the input with stride-1 zeros inserted between its
 pixels, the filters flipped in h and w with in/out channels swapped (`conv_transpose_as_conv`); the inserted
@@ -21,54 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import ConvTranspose2d
-from ...toward_zero import TowardZeroSum
+from ...toward_zero import accumulate_windows
 from ..conv import pad_hw, windows
-
-CHUNK_ELEMENTS = 1 << 18  # products formed at once before they are added (1 MiB of float32)
-
-
-def accumulate_windows(win: np.ndarray, w: np.ndarray, group: int, bias: np.ndarray | None = None) -> np.ndarray:
-    """float32 sums (N, OC, OH, OW) of bf16 windows `win` (N, C, OH, OW, KH, KW) with filters `w`
-    (OC, C/group, KH, KW), plus the fp32 `bias` (OC,), in the TIU's order and rounding."""
-    n, c, oh, ow, kh, kw = win.shape
-    oc = w.shape[0]
-    cg, ocg = c // group, oc // group
-    x = np.asarray(win, np.float32)
-    f = np.asarray(w, np.float32).reshape(group, ocg, cg, kh, kw)
-    total = TowardZeroSum((n, group, ocg, oh * ow))
-    step = max(1, CHUNK_ELEMENTS // max(total.acc.size, 1))
-    for i in range(kh):
-        for j in range(kw):
-            # one kernel position's inputs, contiguous per input channel: (cg, n, group, 1, oh * ow)
-            xs = np.ascontiguousarray(x[..., i, j].reshape(n, group, cg, oh, ow).transpose(2, 0, 1, 3, 4))
-            xs = xs.reshape(cg, n, group, 1, oh * ow)
-            fs = np.ascontiguousarray(f[..., i, j].transpose(2, 0, 1))[:, None, :, :, None]
-            for k in range(0, cg, step):
-                total.add_terms(xs[k : k + step] * fs[k : k + step])
-    if bias is not None:
-        total.add(np.asarray(bias, np.float32).reshape(1, group, ocg, 1))
-    return total.acc.reshape(n, oc, oh, ow)
-
-
-def accumulate_products(left: np.ndarray, right: np.ndarray, group_width: int, bias: np.ndarray | None = None,
-                        ) -> np.ndarray:  # fmt: skip
-    """float32 sums (rows, cols) of bf16 matrices `left` (rows, K) @ `right` (K, cols), plus the fp32 `bias`
-    (cols,), as the TIU's matrix multiply forms them. K lies in local memory as column groups of
-    `group_width` (one per lane); the TIU adds position 0 of every group, then position 1 of every group, and
-    so on, each addition rounded toward zero, the bias last. Fitted on the vendor simulator: PP-OCRv6's
-    (40 x 160) @ (160 x 80) in groups of 8 agrees on all 3200 sums; K in plain order misses one."""
-    left, right = np.asarray(left, np.float32), np.asarray(right, np.float32)
-    k_total = left.shape[1]
-    order = np.arange(-(-k_total // group_width) * group_width).reshape(-1, group_width).T.ravel()
-    order = order[order < k_total]  # position 0 of every group, then position 1, ...
-    total = TowardZeroSum((left.shape[0], right.shape[1]))
-    step = max(1, CHUNK_ELEMENTS // max(total.acc.size, 1))
-    for k in range(0, len(order), step):
-        ks = order[k : k + step]
-        total.add_terms(left.T[ks][:, :, None] * right[ks][:, None, :])
-    if bias is not None:
-        total.add(np.asarray(bias, np.float32).reshape(1, -1))
-    return total.acc
 
 
 def conv2d_sums(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads: tuple[int, int, int, int],
