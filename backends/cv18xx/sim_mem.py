@@ -26,8 +26,10 @@ Strides = tuple[int, int, int, int]  # bytes per step of n, c, h, w
 def _check_size(shape: Shape, esz: int) -> None:
     # each dimension on its own too: the index arithmetic broadcasts partial sums before an empty w makes the
     # total 0 (a (1024, 2570, 16384, 0) access would allocate 321 GiB on the way)
-    total = math.prod(shape) * esz
-    partial = math.prod(max(d, 1) for d in shape) * esz
+    total = partial = esz
+    for d in shape:
+        total *= d
+        partial *= max(d, 1)
     if total > MAX_ACCESS_BYTES or partial > MAX_ACCESS_BYTES or min(shape, default=0) < 0:
         raise CorruptFileError(f"memory access of shape {shape} ({total} bytes) is larger than any memory")
 
