@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from npuc.compiler import interp
 from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, register_artifact
-from npuc.compiler.ir import Graph
-from npuc.compiler.stats import op_flops, op_params
-from npuc.frontends.onnx import import_onnx
-from npuc.frontends.onnx_load import load_model
+
+if TYPE_CHECKING:  # the frontend and the interpreter load when an ONNX file is read, not to recognise others
+    import numpy as np
+
+    from npuc.compiler.ir import Graph
 
 
 def load_canonical(path: Path, options: ArtifactOptions, notes: list[str] | None = None) -> Graph:
+    from npuc.frontends.onnx import import_onnx
     from npuc.passes.rewrite.canonicalize import canonicalize
 
     graph = import_onnx(path, options.input_shapes, notes)
@@ -29,6 +29,10 @@ def _fmt_shape(shape) -> str:
 
 
 def describe(path: Path, options: ArtifactOptions) -> str:
+    from npuc.compiler import interp
+    from npuc.compiler.stats import op_flops, op_params
+    from npuc.frontends.onnx_load import load_model
+
     model = load_model(path)
     onnx_ops = Counter(node.op_type for node in model.graph.node)
     opsets = ", ".join(f"{e.domain or 'ai.onnx'} {e.version}" for e in model.opset_import)
@@ -76,11 +80,15 @@ def describe(path: Path, options: ArtifactOptions) -> str:
 
 
 def inputs(path: Path, options: ArtifactOptions) -> list[TensorSpec]:
+    from npuc.compiler import interp
+
     graph = load_canonical(path, options)
     return [TensorSpec(n, interp.external_shape(graph, n), graph.tensors[n].dtype) for n in graph.inputs]
 
 
 def run(path: Path, feeds: dict[str, np.ndarray], options: ArtifactOptions) -> dict[str, np.ndarray]:
+    from npuc.compiler import interp
+
     return interp.run(load_canonical(path, options), feeds)
 
 

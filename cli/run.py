@@ -55,6 +55,14 @@ def _feeds_from_picture(path: Path, specs: list[TensorSpec], pre) -> dict[str, n
     return load_sample(path, inputs, pre)
 
 
+def _is_picture(path: Path) -> bool:
+    if path.suffix.lower() in (".npz", ".npy"):  # arrays: the picture decoders (and onnx) need not load
+        return False
+    from npuc.passes.calibration.preprocess import IMAGE_SUFFIXES
+
+    return path.suffix.lower() in IMAGE_SUFFIXES
+
+
 def _parse_shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.split(","))
@@ -129,22 +137,24 @@ def register(app: typer.Typer) -> None:
 
         from npuc.compiler.artifacts import ArtifactOptions, detect
         from npuc.compiler.fileio import save_npz
-        from npuc.frontends.onnx import parse_input_shapes
 
         if (input is None) == (not random_input):
             raise UserError("give exactly one of --input FILE and --random-input")
         kind = detect(path)
         if kind.run is None or kind.inputs is None:
             raise UserError(f"{path}: npuc cannot run {kind.name} artifacts yet; `npuc inspect` reads them")
-        options = ArtifactOptions(input_shapes=parse_input_shapes(input_shape))
+        options = ArtifactOptions()
+        if input_shape:  # the ONNX frontend loads only for what needs it
+            from npuc.frontends.onnx import parse_input_shapes
+
+            options.input_shapes = parse_input_shapes(input_shape)
         if shape is not None:
             options.extra["shape"] = _parse_shape(shape)
         specs = kind.inputs(path, options)
-        from npuc.passes.calibration.preprocess import IMAGE_SUFFIXES
 
         if random_input:
             feeds = _random_feeds(specs, seed)
-        elif input.suffix.lower() in IMAGE_SUFFIXES:
+        elif _is_picture(input):
             pre = preprocess(mean, scale, color, resize, layout, keep_aspect_ratio, pad_value, pad_type)
             feeds = _feeds_from_picture(input, specs, pre)
         else:

@@ -58,23 +58,25 @@ def register_artifact(kind: ArtifactKind) -> ArtifactKind:
     return kind
 
 
-def _load() -> None:
-    for module in ARTIFACT_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if not (exc.name and module.startswith(exc.name)):  # a missing module is fine; a broken one is not
-                raise
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if not (exc.name and module.startswith(exc.name)):  # a missing module is fine; a broken one is not
+            raise
 
 
 def detect(path: Path) -> ArtifactKind:
-    """The kind of artifact at `path`, or a UserError saying what npuc accepts."""
+    """The kind of artifact at `path`, or a UserError saying what npuc accepts. The modules are imported in
+    order until a kind recognises the file (the first kind registered that matches, as if all were loaded):
+    running a cvimodel does not import the other backends."""
     if not path.exists():
         raise UserError(f"file not found: {path}; check the path")
-    _load()
-    for kind in _KINDS.values():
-        if kind.matches(path):
-            return kind
+    for module in ARTIFACT_MODULES:
+        _import(module)
+        for kind in _KINDS.values():
+            if kind.matches(path):
+                return kind
     raise UserError(
         f"{path}: not a format npuc reads ({', '.join(sorted(_KINDS))}); pass an .onnx model or an npuc artifact"
     )

@@ -10,8 +10,6 @@ from npuc.compiler.artifacts import ArtifactKind, ArtifactOptions, TensorSpec, r
 from npuc.compiler.errors import UserError
 
 from .container import read_cvimodel
-from .inspect import describe_cvimodel
-from .traffic import describe_traffic
 
 MAGIC = b"CviModel"
 
@@ -24,6 +22,9 @@ def _matches(path: Path) -> bool:
 
 
 def _describe(path: Path, options: ArtifactOptions) -> str:
+    from .inspect import describe_cvimodel
+    from .traffic import describe_traffic
+
     model = read_cvimodel(path)
     try:
         traffic = describe_traffic(model)

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from npuc.compiler.errors import CorruptFileError
 
@@ -46,9 +47,9 @@ RAW_ORDER = 7  # k-map order meaning "stored raw"
 MAX_UNARY_BITS = 47
 MAX_CODE_BITS = 128
 _PLANES = np.arange(MAX_ORDER)
-_LANES = np.arange(BLOCK)
-_BYTE_BITS = np.arange(8)
-_PAD_BITS = 2 * MAX_CODE_BITS + 64  # lets fixed-size windows read past the end without an IndexError
+_BYTE_VALUES = np.arange(256, dtype=np.int64)
+_PLANE_WEIGHTS = (1 << _PLANES).astype(np.uint8)[:, None]
+_PAD_BYTES = 32  # lets a block's 128-bit window (24 bytes gathered) read past the end without an IndexError
 
 
 @dataclass(frozen=True)
@@ -169,9 +170,28 @@ def unmap_int8(u: np.ndarray, bias0: int, bias1: int) -> np.ndarray:
 # ---- decoding ---------------------------------------------------------------------------------------------
 
 
-def _bytes_at(bits: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """The byte whose LSB is at bit position pos (any shape)."""
-    return (bits[pos[..., None] + _BYTE_BITS].astype(np.int64) << _BYTE_BITS).sum(-1)
+def _bytes_at(data: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The byte whose LSB is at bit position pos (any shape) of the zero-padded stream `data`."""
+    at, shift = pos >> 3, (pos & 7).astype(np.uint16)
+    pair = data[at].astype(np.uint16) | (data[at + 1].astype(np.uint16) << 8)
+    return ((pair >> shift) & 0xFF).astype(np.int64)
+
+
+def _windows(data: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 128 bits from each bit position in `starts` of the zero-padded stream, as (low, high) uint64 words."""
+    words = sliding_window_view(data, 24)[starts >> 3].view("<u8")  # 3 words from each start's byte
+    shift = (starts & 7).astype(np.uint64)[:, None]
+    back = np.uint64(63) - shift  # a shift by 64 - shift in two steps, so that shift 0 stays defined
+    both = (words[:, :2] >> shift) | ((words[:, 1:] << back) << np.uint64(1))
+    return both[:, 0], both[:, 1]
+
+
+def _shift_right(low: np.ndarray, high: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """The low 64 bits of the 128-bit (low, high) shifted right by `shift` (0 .. 127)."""
+    shift = shift.astype(np.uint64)
+    small = np.minimum(shift, np.uint64(63))
+    below = (low >> small) | ((high << (np.uint64(63) - small)) << np.uint64(1))
+    return np.where(shift < 64, below, high >> (np.maximum(shift, np.uint64(64)) - np.uint64(64)))
 
 
 @dataclass
@@ -196,22 +216,27 @@ class _BlockCodes:
             raise CorruptFileError(f"{where}: VLC block {bad} claims {code_bits[bad]} code bits (at most 128)")
         return cls(np.where(raw, -1, k), ulen, znum, code_bits)
 
-    def symbols(self, bits: np.ndarray, starts: np.ndarray, blocks: np.ndarray, where: str) -> np.ndarray:
-        """Decoded (remapped) symbols, shape (len(blocks), 16), of the given blocks at the given bit starts."""
+    def symbols(self, data: np.ndarray, starts: np.ndarray, blocks: np.ndarray, where: str) -> np.ndarray:
+        """Decoded (remapped) symbols, shape (len(blocks), 16), of the given blocks at the given bit starts of
+        the zero-padded stream `data`. Each block is read as the 128-bit window from its start (a code never
+        has more bits): raw blocks are its 16 bytes; a coded block's k remainder planes are its first 16-bit
+        fields, transposed into per-symbol bits, and its unary field the window shifted past them."""
         k = self.order[blocks]
         out = np.zeros((len(blocks), BLOCK), np.int64)
+        low, high = _windows(data, starts)
         raw = k < 0
-        out[raw] = _bytes_at(bits, starts[raw, None] + 8 * _LANES)
+        out[raw] = np.stack([low[raw], high[raw]], axis=1).view(np.uint8)
         coded = ~raw
-        s, kc = starts[coded], k[coded]
-        plane_bits = bits[s[:, None, None] + BLOCK * _PLANES[None, :, None] + _LANES].astype(np.int64)
-        plane_bits *= _PLANES[None, :, None] < kc[:, None, None]
-        remainder = (plane_bits << _PLANES[None, :, None]).sum(axis=1)
-        unary_start = s + BLOCK * kc + self.zero_count_bits[blocks][coded]
-        window = np.arange(MAX_UNARY_BITS + 1)
-        unary = bits[unary_start[:, None] + window] & (window < self.ulen[blocks][coded, None] + BLOCK)
-        rows, ends = np.nonzero(unary)
-        counts = np.bincount(rows, minlength=len(s))
+        kc, low, high = k[coded], low[coded], high[coded]
+        fields = np.stack([low, low >> 16, low >> 32, low >> 48, high], axis=1).astype(np.uint16)
+        fields *= _PLANES < kc[:, None]  # planes beyond the block's order are not its own
+        plane_bits = np.unpackbits(fields.view(np.uint8).reshape(-1, MAX_ORDER, 2), axis=2, bitorder="little")
+        remainder = (plane_bits * _PLANE_WEIGHTS).sum(axis=1, dtype=np.int64)
+        ulen = self.ulen[blocks][coded]
+        unary = _shift_right(low, high, BLOCK * kc + self.zero_count_bits[blocks][coded])
+        unary &= (np.uint64(1) << (ulen + BLOCK).astype(np.uint64)) - np.uint64(1)
+        rows, ends = np.nonzero(np.unpackbits(unary.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little"))
+        counts = np.bincount(rows, minlength=len(kc))
         if np.any(counts != BLOCK):
             bad = int(blocks[coded][np.flatnonzero(counts != BLOCK)[0]])
             raise CorruptFileError(f"{where}: VLC block {bad} does not code 16 symbols")
@@ -279,14 +304,14 @@ def decompress(data: bytes | np.ndarray, elements: int, bf16: bool, where: str =
     kmap = buf[HEADER_BYTES : HEADER_BYTES + n]
     stream_at = HEADER_BYTES + kmap_bytes(elements)
     stream = buf[stream_at : stream_at + header.stream_bytes]
-    bits = np.concatenate([np.unpackbits(stream, bitorder="little"), np.zeros(_PAD_BITS, np.uint8)])
+    padded = np.concatenate([stream, np.zeros(_PAD_BYTES, np.uint8)])
     codes = _BlockCodes.from_kmap(kmap, bool(bf16 and header.zero_guard), where)
     starts, fractions = _block_starts(codes, stream.tobytes(), header, elements, where)
-    symbols = codes.symbols(bits, starts, np.arange(n), where)
-    if not bf16:
-        out = unmap_int8(symbols, header.bias0, header.bias1) if header.signed else symbols
+    symbols = codes.symbols(padded, starts, np.arange(n), where)
+    if not bf16:  # the remapping is a function of the byte: a 256-entry table
+        out = unmap_int8(_BYTE_VALUES, header.bias0, header.bias1)[symbols] if header.signed else symbols
         return out.reshape(-1)[:elements].astype(np.uint8)
-    exps = unmap_exponents(symbols, header.bias0, header.zero_guard)
+    exps = unmap_exponents(_BYTE_VALUES, header.bias0, header.zero_guard)[symbols]
     stored = (np.arange(n * BLOCK) < elements).reshape(n, BLOCK)
     if header.zero_guard:
         stored &= exps != 0
@@ -294,7 +319,7 @@ def decompress(data: bytes | np.ndarray, elements: int, bf16: bool, where: str =
             bad = int(np.flatnonzero(stored.sum(axis=1) != fractions)[0])
             raise CorruptFileError(f"{where}: VLC block {bad}'s zero count disagrees with its exponents")
     frac_pos = starts[:, None] + codes.code_bits[:, None] + 8 * (np.cumsum(stored, axis=1) - 1)
-    frac = np.where(stored, _bytes_at(bits, np.maximum(frac_pos, 0)), 0)
+    frac = np.where(stored, _bytes_at(padded, np.maximum(frac_pos, 0)), 0)
     out = ((frac >> 7) << 15) | (exps << 7) | (frac & 0x7F)
     return out.reshape(-1)[:elements].astype(np.uint16)
 

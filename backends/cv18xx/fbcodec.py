@@ -18,6 +18,7 @@ from npuc.backends.cv18xx.fbs import FbField, FbObject, FbType, Schema
 from npuc.compiler.errors import CorruptFileError
 
 _UOFFSET = 4
+_STRUCTS: dict[str, struct.Struct] = {}  # little-endian scalar codecs by format character
 
 
 class _Reader:
@@ -35,10 +36,10 @@ class _Reader:
         )
 
     def scalar(self, fmt: str, pos: int) -> Any:
-        size = struct.calcsize("<" + fmt)
-        if pos < 0 or pos + size > len(self.buf):
-            raise self.fail(f"{size}-byte value runs past the end ({len(self.buf)} bytes)", pos)
-        return struct.unpack_from("<" + fmt, self.buf, pos)[0]
+        packer = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct("<" + fmt))
+        if pos < 0 or pos + packer.size > len(self.buf):
+            raise self.fail(f"{packer.size}-byte value runs past the end ({len(self.buf)} bytes)", pos)
+        return packer.unpack_from(self.buf, pos)[0]
 
     def follow(self, pos: int) -> int:
         """Target of the uoffset stored at pos (always forward, so references cannot form cycles)."""

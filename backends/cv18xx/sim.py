@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -238,6 +239,19 @@ class _WeightTensor:
 
 
 TpuRunner = Callable[[Machine, bytes, int, str], None]
+_blas: Any = None  # threadpoolctl's controller of the loaded BLAS libraries, made on first use
+
+
+def _one_blas_thread() -> AbstractContextManager:
+    """BLAS on one thread while a program runs: the integer convolutions' float64 matrix products are small,
+    and more threads cost more CPU time than they save (3x on two busy cores), the vendor's simulator is
+    single-threaded too."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
 
 
 def _run_tpu(machine: Machine, cmdbuf: bytes, index: int, where: str) -> None:
@@ -252,32 +266,38 @@ def run_routines(model: CviModel, machine: Machine, program: int = 0, run_tpu: T
     # a CPU function reads constants (an embedding table) by name from the weight map, as the runtime does
     weights = {w.name: _WeightTensor(w) for w in model.body.weight_map or [] if w.shape is not None}
     routine_types = model_schema().enums["RoutineType"].values
-    for i, r in enumerate(prog.routines):
-        if r.type == routine_types["TPU"]:
-            sec = r.tpu_routine.cmdbuf_section
-            run_tpu(machine, model.sections[sec], i, f"routine {i} ({sec})")
-            continue
-        fn = CPU_FUNCTIONS.get(r.cpu_routine.function_section)
-        if fn is None:
-            raise UnsupportedError(f"CPU function {r.cpu_routine.function_section!r} is not simulated")
-        args = decode_cpu_args(r.cpu_routine.function_args)
-        missing = [n for n in [*r.in_tensors, *r.out_tensors] if n not in tensors and n not in weights]
-        if not r.in_tensors or not r.out_tensors or missing:
-            raise CorruptFileError(
-                f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(r.in_tensors)} input and "
-                f"{len(r.out_tensors)} output tensors"
-                + (f", '{missing[0]}' in neither the tensor map nor the weight map" if missing else "")
-            )
-        ins = [_shaped_view(machine.gmem, tensors[n] if n in tensors else weights[n]) for n in r.in_tensors]
-        outs = [_shaped_view(machine.gmem, tensors[n]) for n in r.out_tensors]
-        results = fn(args, ins, [(o.dtype, o.shape) for o in outs])
-        if len(results) != len(outs) or not outs:
-            raise CorruptFileError(
-                f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(outs)} output tensors, "
-                f"it produces {len(results)}"
-            )
-        for view, value in zip(outs, results):
-            view[...] = value
+    with _one_blas_thread():
+        for i, r in enumerate(prog.routines):
+            _run_routine(machine, model, i, r, routine_types, tensors, weights, run_tpu)
+
+
+def _run_routine(machine: Machine, model: CviModel, i: int, r: Any, routine_types: dict, tensors: dict,
+                 weights: dict, run_tpu: TpuRunner) -> None:  # fmt: skip
+    if r.type == routine_types["TPU"]:
+        sec = r.tpu_routine.cmdbuf_section
+        run_tpu(machine, model.sections[sec], i, f"routine {i} ({sec})")
+        return
+    fn = CPU_FUNCTIONS.get(r.cpu_routine.function_section)
+    if fn is None:
+        raise UnsupportedError(f"CPU function {r.cpu_routine.function_section!r} is not simulated")
+    args = decode_cpu_args(r.cpu_routine.function_args)
+    missing = [n for n in [*r.in_tensors, *r.out_tensors] if n not in tensors and n not in weights]
+    if not r.in_tensors or not r.out_tensors or missing:
+        raise CorruptFileError(
+            f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(r.in_tensors)} input and "
+            f"{len(r.out_tensors)} output tensors"
+            + (f", '{missing[0]}' in neither the tensor map nor the weight map" if missing else "")
+        )
+    ins = [_shaped_view(machine.gmem, tensors[n] if n in tensors else weights[n]) for n in r.in_tensors]
+    outs = [_shaped_view(machine.gmem, tensors[n]) for n in r.out_tensors]
+    results = fn(args, ins, [(o.dtype, o.shape) for o in outs])
+    if len(results) != len(outs) or not outs:
+        raise CorruptFileError(
+            f"routine {i}: CPU function {r.cpu_routine.function_section!r} has {len(outs)} output tensors, "
+            f"it produces {len(results)}"
+        )
+    for view, value in zip(outs, results):
+        view[...] = value
 
 
 def run_cvimodel(model: CviModel, inputs: dict[str, np.ndarray], program: int = 0) -> dict[str, np.ndarray]:

@@ -1,12 +1,16 @@
 """Memories of the CV18xx simulator: global memory regions and the per-lane local memory.
 
-Both are byte arrays; tensors are gathered and scattered with vectorized index arithmetic. A local tensor's
-channel c lives in lane (start_lane + c) % lanes at (start_lane + c) // lanes * c_stride inside that lane
-(specs/cv18xx.md §3.3); global tensors are plain strided byte ranges inside one region.
+Both are byte arrays. A local tensor's channel c lives in lane (start_lane + c) % lanes at
+(start_lane + c) // lanes * c_stride inside that lane (specs/cv18xx.md §3.3); global tensors are plain strided
+byte ranges inside one region. Accesses are numpy views with the access's strides over those bytes (a local
+tensor as at most three: the channels in its first lane group, the whole groups after it, the rest), bounds
+checked from the extremes of the strides; a write whose elements could share bytes goes through per-byte
+index arrays instead, which keep the last value of each byte as the element order gives it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -22,8 +26,10 @@ Strides = tuple[int, int, int, int]  # bytes per step of n, c, h, w
 def _check_size(shape: Shape, esz: int) -> None:
     # each dimension on its own too: the index arithmetic broadcasts partial sums before an empty w makes the
     # total 0 (a (1024, 2570, 16384, 0) access would allocate 321 GiB on the way)
-    total = int(np.prod(shape, dtype=np.int64)) * esz
-    partial = int(np.prod([max(d, 1) for d in shape], dtype=np.int64)) * esz
+    total = partial = esz
+    for d in shape:
+        total *= d
+        partial *= max(d, 1)
     if total > MAX_ACCESS_BYTES or partial > MAX_ACCESS_BYTES or min(shape, default=0) < 0:
         raise CorruptFileError(f"memory access of shape {shape} ({total} bytes) is larger than any memory")
 
@@ -89,6 +95,27 @@ def _compute_local_index(lanes: int, size: int, addr: int, shape: Shape, strides
     return np.broadcast_to(lane, off.shape), off
 
 
+def _span(shape: Shape, strides: Strides) -> tuple[int, int]:
+    """(lowest, highest) offset of an element's first byte relative to the base, for a non-empty shape."""
+    steps = [(d - 1) * s for d, s in zip(shape, strides)]
+    return sum(x for x in steps if x < 0), sum(x for x in steps if x > 0)
+
+
+def _disjoint(counts: tuple[int, ...], strides: tuple[int, ...], esz: int) -> bool:
+    """Do the elements of this layout occupy distinct bytes? (sufficient test: each stride, smallest first, steps
+    over everything the smaller ones span)"""
+    extent = esz
+    for stride, count in sorted((abs(s), d) for d, s in zip(counts, strides) if d > 1):
+        if stride < extent:
+            return False
+        extent += stride * (count - 1)
+    return True
+
+
+def _view(buffer: np.ndarray, dtype: type, offset: int, shape: tuple, strides: tuple) -> np.ndarray:
+    return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+
+
 @dataclass
 class LocalMemory:
     lanes: int
@@ -103,16 +130,58 @@ class LocalMemory:
         _check_size(shape, esz)
         return _local_index(self.lanes, self.size, addr, tuple(shape), tuple(strides), esz)
 
-    def read(self, addr: int, shape: Shape, strides: Strides, fmt: str) -> np.ndarray:
+    def _pieces(self, addr: int, shape: Shape, strides: Strides, fmt: str) -> list[tuple[int, int, np.ndarray]]:
+        """(first channel, channel count, view) covering the access, checked to stay inside the lanes; [] when
+        it is empty."""
         esz, dtype = FORMATS[fmt]
-        lane, off = self._index(addr, shape, strides, esz)
-        return np.ascontiguousarray(self.data[lane, off]).view(dtype).reshape(shape)
+        _check_size(shape, esz)
+        n, c, h, w = shape
+        ns, cs, hs, ws = strides
+        lanes, size = self.lanes, self.size
+        start_lane, local = divmod(addr, size)
+        groups = (start_lane + c - 1) // lanes + 1  # lane groups the channels run through
+        empty = n * c * h * w == 0
+        if not empty:
+            low, high = _span((n, groups, h, w), (ns, cs, hs, ws))
+        if start_lane >= lanes or not empty and (local + low < 0 or local + high + esz > size):
+            raise CorruptFileError(
+                f"local memory access at {addr:#x} shape {shape} strides {strides} leaves the {size}-byte lane"
+            )
+        if empty:
+            return []
+        flat = self.data  # (lanes, size) C-contiguous: lane L's byte b at L * size + b
+        first = min(lanes - start_lane, c)
+        pieces = [(0, first, _view(flat, dtype, start_lane * size + local, (n, first, h, w), (ns, size, hs, ws)))]
+        whole, rest = divmod(c - first, lanes)
+        if whole:
+            view = _view(flat, dtype, local + cs, (n, whole, lanes, h, w), (ns, cs, size, hs, ws))
+            pieces.append((first, whole * lanes, view))
+        if rest:
+            view = _view(flat, dtype, local + (1 + whole) * cs, (n, rest, h, w), (ns, size, hs, ws))
+            pieces.append((first + whole * lanes, rest, view))
+        return pieces
+
+    def read(self, addr: int, shape: Shape, strides: Strides, fmt: str) -> np.ndarray:
+        pieces = self._pieces(addr, shape, strides, fmt)
+        if len(pieces) == 1:
+            return np.array(pieces[0][2])
+        out = np.zeros(shape, FORMATS[fmt][1])
+        for first, count, view in pieces:
+            out[:, first : first + count].reshape(view.shape)[...] = view  # splitting an axis keeps a view
+        return out
 
     def write(self, addr: int, shape: Shape, strides: Strides, fmt: str, values: np.ndarray) -> None:
         esz, dtype = FORMATS[fmt]
-        lane, off = self._index(addr, shape, strides, esz)
-        raw = np.ascontiguousarray(np.asarray(values).astype(dtype).reshape(shape)).view(np.uint8)
-        self.data[lane, off] = raw.reshape(off.shape)
+        pieces = self._pieces(addr, shape, strides, fmt)
+        values = np.asarray(values).astype(dtype).reshape(shape)
+        n, c, h, w = shape
+        groups = (addr // self.size + c - 1) // self.lanes + 1
+        if not _disjoint((n, groups, h, w), tuple(strides), esz):
+            lane, off = self._index(addr, shape, strides, esz)
+            self.data[lane, off] = np.ascontiguousarray(values).view(np.uint8).reshape(off.shape)
+            return
+        for first, count, view in pieces:
+            view[...] = values[:, first : first + count].reshape(view.shape)
 
 
 @dataclass
@@ -138,10 +207,22 @@ class GlobalMemory:
             raise CorruptFileError(f"global access region {region} at {addr:#x} shape {shape} is outside ({size})")
         return off
 
-    def read(self, region: int, addr: int, shape: Shape, strides: Strides, fmt: str) -> np.ndarray:
+    def _view(self, region: int, addr: int, shape: Shape, strides: Strides, fmt: str) -> np.ndarray | None:
+        """The access as a view of its region, checked to lie inside it; None when it is empty."""
         esz, dtype = FORMATS[fmt]
-        off = self._index(region, addr, shape, strides, esz)
-        return np.ascontiguousarray(self.regions[region][off]).view(dtype).reshape(shape)
+        _check_size(shape, esz)
+        mem = self.regions.get(region)
+        empty = math.prod(shape) == 0
+        if not empty:
+            low, high = _span(shape, strides)
+        if mem is None or not empty and (addr + low < 0 or addr + high + esz > len(mem)):
+            size = "missing" if mem is None else f"{len(mem)} bytes"
+            raise CorruptFileError(f"global access region {region} at {addr:#x} shape {shape} is outside ({size})")
+        return None if empty else _view(mem, dtype, addr, tuple(shape), tuple(strides))
+
+    def read(self, region: int, addr: int, shape: Shape, strides: Strides, fmt: str) -> np.ndarray:
+        view = self._view(region, addr, shape, strides, fmt)
+        return np.zeros(shape, FORMATS[fmt][1]) if view is None else np.array(view)
 
     def read_bytes(self, region: int, addr: int, size: int) -> np.ndarray:
         """`size` contiguous bytes (a compressed stream), checked to lie inside the region."""
@@ -153,6 +234,12 @@ class GlobalMemory:
 
     def write(self, region: int, addr: int, shape: Shape, strides: Strides, fmt: str, values: np.ndarray) -> None:
         esz, dtype = FORMATS[fmt]
+        view = self._view(region, addr, shape, strides, fmt)
+        values = np.asarray(values).astype(dtype).reshape(shape)
+        if view is None:
+            return
+        if _disjoint(shape, strides, esz):
+            view[...] = values
+            return
         off = self._index(region, addr, shape, strides, esz)
-        raw = np.ascontiguousarray(np.asarray(values).astype(dtype).reshape(shape)).view(np.uint8)
-        self.regions[region][off] = raw.reshape(off.shape)
+        self.regions[region][off] = np.ascontiguousarray(values).view(np.uint8).reshape(off.shape)

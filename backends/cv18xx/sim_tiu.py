@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
-from npuc.compiler.kernels.quantized.bf16_conv import accumulate_products, accumulate_windows
+from npuc.compiler.toward_zero import accumulate_products, accumulate_windows
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
 _CV183X_ALIASES = {
@@ -29,7 +29,11 @@ _CV183X_ALIASES = {
 
 
 def normalize_tiu_fields(fields: dict[str, int]) -> dict[str, int]:
-    return {_CV183X_ALIASES.get(k, k): v for k, v in fields.items()}
+    out = dict(fields)
+    for name, alias in _CV183X_ALIASES.items():
+        if name in out:
+            out[alias] = out.pop(name)
+    return out
 
 
 # ---- number formats -------------------------------------------------------------------------------------
@@ -40,11 +44,20 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round to nearest even; NaN -> 0x7FC0; overflow to +-Inf is clamped to 0x7F7F (sign dropped)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    rounded = np.where((rounded & 0x7F80) == 0x7F80, np.uint16(0x7F7F), rounded)
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded).astype(np.uint16)
+    """Round to nearest even; NaN -> 0x7FC0; overflow to +-Inf is clamped to 0x7F7F (sign dropped). The sums
+    are uint32: only NaN bit patterns (0xFFFF8000 and up) wrap, and every NaN becomes 0x7FC0 at the end."""
+    x = np.asarray(x, np.float32)
+    flat = x.reshape(-1)
+    u = flat.view(np.uint32)
+    rounded = u >> 16
+    rounded &= 1
+    rounded += u
+    rounded += 0x7FFF
+    rounded >>= 16
+    out = rounded.astype(np.uint16)
+    out[(out & 0x7F80) == 0x7F80] = 0x7F7F
+    out[np.isnan(flat)] = 0x7FC0
+    return out.reshape(x.shape)
 
 
 FLT_MIN = np.float32(1.1754944e-38)
@@ -94,6 +107,11 @@ def saturate(x: np.ndarray, relu: bool, bits: int = 8) -> np.ndarray:
 # ---- operands ------------------------------------------------------------------------------------------
 
 
+_OPERANDS = ("res0", "opd0", "opd1", "opd2")
+_SHAPE_KEYS = {p: tuple(f"{p}_{d}" for d in "nchw") for p in _OPERANDS}
+_STRIDE_KEYS = {p: tuple(f"{p}_{d}_str" for d in "nchw") for p in _OPERANDS}
+
+
 class TiuContext:
     """Reads and writes the operands of one TIU descriptor."""
 
@@ -105,12 +123,14 @@ class TiuContext:
         self.esz = 2 if self.bf16 else 1
 
     def shape(self, p: str) -> Shape:
-        return tuple(self.f[f"{p}_{d}"] for d in "nchw")  # type: ignore[return-value]
+        f = self.f
+        return tuple(f[k] for k in _SHAPE_KEYS[p])  # type: ignore[return-value]
 
     def strides(self, p: str, shape: Shape | None = None) -> Strides:
         shape = shape or self.shape(p)
         if self.f[f"short_{p}_str"] == 3:
-            return tuple(self.f[f"{p}_{d}_str"] for d in "nchw")  # type: ignore[return-value]
+            f = self.f
+            return tuple(f[k] for k in _STRIDE_KEYS[p])  # type: ignore[return-value]
         return default_strides(shape, self.esz, self.chip.lanes, self.chip.eu_bytes)
 
     def fmt(self, p: str) -> str:
@@ -257,10 +277,23 @@ def tiu_conv(ctx: TiuContext) -> None:
     )
     w = (bf16_to_f32(w) if ctx.bf16 else w.astype(np.int64)).reshape(oc, kh, kw, ic).transpose(0, 3, 1, 2)
     win = _windows(ctx, x, kh, kw, 0)
-    if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (quantized/bf16_conv.py)
+    if ctx.bf16:  # float32 sums rounded toward zero in the TIU's order (compiler/toward_zero.py)
         _finish_bf16(ctx, accumulate_windows(win, w, 1, _bias_or_none(ctx, oc)))
         return
-    _finish(ctx, np.einsum("ncyxij,ocij->noyx", win, w, optimize=True))
+    _finish(ctx, _integer_conv(win, w))
+
+
+def _integer_conv(win: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """int64 sums (n, oc, oh, ow) of integer windows (n, c, oh, ow, kh, kw) with filters (oc, c, kh, kw): one
+    float64 matrix product per kernel position. Exact: every product of two bytes and every partial sum is an
+    integer below 2^53 (at most 255 * 255 * 4095 * 4095 * 4095 < 2^52 for any descriptor's sizes)."""
+    n, c, oh, ow, kh, kw = win.shape
+    acc = np.zeros((n, w.shape[0], oh * ow), np.float64)
+    filters = w.astype(np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            acc += filters[:, :, i, j] @ win[..., i, j].reshape(n, c, oh * ow).astype(np.float64)
+    return acc.astype(np.int64).reshape(n, -1, oh, ow)
 
 
 def tiu_depthwise(ctx: TiuContext) -> None:

@@ -39,9 +39,9 @@ from npuc.compiler.interp import run
 from npuc.compiler.kernels.conv import conv2d_nchw
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
 from npuc.compiler.kernels.quantized.bf16_act import bf16_constant, hard_sigmoid, hard_swish, prelu
-from npuc.compiler.kernels.quantized.bf16_conv import add_toward_zero
 from npuc.compiler.numformats.bf16_fp16 import round_to_bf16
 from npuc.compiler.targets import BuildRequest
+from npuc.compiler.toward_zero import add_toward_zero
 from npuc.models.make_models import make_model
 from npuc.passes.quantization.quantize import ThresholdMap, quantize
 

@@ -4,7 +4,7 @@ onnxruntime.
 The crops are scikit-image's LFW faces 16..46 (the ones bench/vs_tpumlir.py scores, prepared as the face
 pipeline feeds O-Net). The FC layers are TIU matrix multiplies: their float32 sums are rounded toward zero in
 the TIU's order (position 0 of every K column group, then position 1, ..., the bias last;
-kernels/quantized/bf16_conv.accumulate_products). A simulator that summed them exactly and rounded once gave
+compiler/toward_zero.accumulate_products). A simulator that summed them exactly and rounded once gave
 the box output (dense_5) one bf16 ulp off the vendor's on crops 25 and 37, so this test fails on it.
 
 Measured over the 31 crops, cosine of each output to onnxruntime float (worst crop): dense_5 (box) 0.999982,

@@ -8,7 +8,8 @@ conv_depthwise inputs where a float64 sum disagreed with it in the last bit (17 
 order and rounding agree everywhere, while round-to-nearest additions in any of the orders tried do not.
 
 The sum depends on the order, so it loops over the kernel terms (kh·kw·ic steps), each step vectorized over
-all outputs.
+all outputs (`accumulate_windows` and the matrix multiply's `accumulate_products` live in
+compiler/toward_zero.py, where the cv18xx simulator takes them without this package's kernels).
 
 A transposed conv runs on the TIU as a stride-1 conv over the input with stride-1 zeros inserted between its
 pixels, the filters flipped in h and w with in/out channels swapped (`conv_transpose_as_conv`); the inserted
@@ -20,62 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import ConvTranspose2d
+from ...toward_zero import accumulate_windows
 from ..conv import pad_hw, windows
-
-
-def add_toward_zero(acc: np.ndarray, term: np.ndarray) -> np.ndarray:
-    """float32 `acc + term` rounded toward zero. The float64 sum and its exact error (TwoSum) give the
-    true sum's side of the nearest float32, so the result is exact even when float64 cannot hold the sum."""
-    a = np.asarray(acc, np.float64)
-    b = np.asarray(term, np.float64)
-    s = a + b
-    t = s - a
-    err = (a - (s - t)) + (b - t)  # the exact sum is s + err
-    with np.errstate(over="ignore"):
-        nearest = s.astype(np.float32)
-    beyond = (nearest.astype(np.float64) - s) - err  # nearest - exact sum; its sign is exact
-    outward = (beyond != 0) & (np.signbit(beyond) == np.signbit(nearest)) & (nearest != 0)
-    return np.where(outward, np.nextafter(nearest, np.float32(0)), nearest).astype(np.float32)
-
-
-def accumulate_windows(win: np.ndarray, w: np.ndarray, group: int, bias: np.ndarray | None = None) -> np.ndarray:
-    """float32 sums (N, OC, OH, OW) of bf16 windows `win` (N, C, OH, OW, KH, KW) with filters `w`
-    (OC, C/group, KH, KW), plus the fp32 `bias` (OC,), in the TIU's order and rounding."""
-    n, c, oh, ow, kh, kw = win.shape
-    oc = w.shape[0]
-    cg, ocg = c // group, oc // group
-    x = np.asarray(win, np.float32).reshape(n, group, 1, cg, oh, ow, kh, kw)
-    f = np.asarray(w, np.float32).reshape(1, group, ocg, cg, 1, 1, kh, kw)
-    acc = np.zeros((n, group, ocg, oh, ow), np.float32)
-    for i in range(kh):
-        for j in range(kw):
-            for k in range(cg):
-                acc = add_toward_zero(acc, x[:, :, :, k, :, :, i, j] * f[:, :, :, k, :, :, i, j])
-    acc = acc.reshape(n, oc, oh, ow)
-    if bias is not None:
-        acc = add_toward_zero(acc, np.asarray(bias, np.float32).reshape(1, oc, 1, 1))
-    return acc
-
-
-def accumulate_products(left: np.ndarray, right: np.ndarray, group_width: int, bias: np.ndarray | None = None,
-                        ) -> np.ndarray:  # fmt: skip
-    """float32 sums (rows, cols) of bf16 matrices `left` (rows, K) @ `right` (K, cols), plus the fp32 `bias`
-    (cols,), as the TIU's matrix multiply forms them. K lies in local memory as column groups of
-    `group_width` (one per lane); the TIU adds position 0 of every group, then position 1 of every group, and
-    so on, each addition rounded toward zero, the bias last. Fitted on the vendor simulator: PP-OCRv6's
-    (40 x 160) @ (160 x 80) in groups of 8 agrees on all 3200 sums; K in plain order misses one."""
-    left, right = np.asarray(left, np.float32), np.asarray(right, np.float32)
-    k_total = left.shape[1]
-    groups = -(-k_total // group_width)
-    acc = np.zeros((left.shape[0], right.shape[1]), np.float32)
-    for w in range(group_width):
-        for g in range(groups):
-            k = g * group_width + w
-            if k < k_total:
-                acc = add_toward_zero(acc, left[:, k : k + 1] * right[k])
-    if bias is not None:
-        acc = add_toward_zero(acc, np.asarray(bias, np.float32).reshape(1, -1))
-    return acc
 
 
 def conv2d_sums(x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads: tuple[int, int, int, int],
