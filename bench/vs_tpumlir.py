@@ -20,9 +20,10 @@ probability 1.0 both.
 With TPU_MLIR_VENV (bench/tpumlir.py), a third row per model: tpu-mlir's default flow (model_transform,
 run_calibration KL + tune 5, model_deploy INT8 cv183x) calibrated on exactly the samples npuc calibrated on.
 Measured live (O-Net, box output mean / worst): npuc default 0.9971 / 0.9881, tpu-mlir on the same samples
-0.9983 / 0.9956; npuc `--method kl --tune 5` 0.9966 / 0.9910, and npuc's build of tpu-mlir's own table
-0.9982 / 0.9923 — the gap is in the thresholds (tpu-mlir bins each sample at a geometry set by the first
-sample's range), not in the lowering. PP-LCNet: tpu-mlir 1.30.2's model_deploy crashes here (tpuc-opt
+0.9983 / 0.9956; npuc `--method kl --tune 5` 0.9966 / 0.9910. npuc's build of tpu-mlir's own table scores
+0.9982 / 0.9923 only because that table names no threshold for npuc's separate MatMul outputs (tpu-mlir fuses
+MatMul + bias Add into one Gemm), so the four MatMuls and their Adds ran in bf16: npuc quantizes each FC output twice.
+PP-LCNet: tpu-mlir 1.30.2's model_deploy crashes here (tpuc-opt
 --codegen segfaults for cv183x int8), so its row is the stored file only.
 """
 
