@@ -1,7 +1,7 @@
 """tpu-mlir run live, for the benches' side-by-side rows: `TPU_MLIR_VENV` names a venv with tpu-mlir installed.
 
     python3.10 -m venv /tmp/tpumlir && /tmp/tpumlir/bin/pip install tpu-mlir==1.30.2 torch \
-        onnx==1.14.1 onnxruntime==1.16.3 onnxsim psutil scipy
+        onnx==1.14.1 onnxruntime==1.16.3 onnxsim psutil scipy "setuptools<70"  # tpu_mlir imports pkg_resources
     mv /tmp/tpumlir/lib/python3.10/site-packages/tpu_mlir/lib/third_party/libc.so.6{,.aside}  # older than the system's
     TPU_MLIR_VENV=/tmp/tpumlir .venv/bin/python bench/vs_tpumlir.py
 

@@ -70,15 +70,21 @@ def threshold_for(name: str, table: dict[str, float], table_names: dict[str, str
 _BMNET_TEXT = re.compile(r"^\s*layer\s*\{", re.M)  # a text BMNet table
 
 
-def table_kind(path: Path) -> str:
-    """The table's kind: "bmnet" for a BMNet calibration table (.pb2, binary, or a text prototxt of `layer {`
-    blocks), else "cali_table" (tpu-mlir's, what `npuc calibrate` writes)."""
+def _bmnet_encoding(path: Path) -> str | None:
+    """A BMNet calibration table's encoding, "text" (a prototxt of `layer {` blocks) or "binary" (.pb2), read from
+    the file's head; None for tpu-mlir's cali_table (what `npuc calibrate` writes)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"calibration table not found: {path}; check the --calib path")
     text = path.read_bytes()[:4096].decode("utf-8", "replace")
-    bmnet = path.suffix.lower() == ".pb2" or "\0" in text or _BMNET_TEXT.search(text)
-    return "bmnet" if bmnet else "cali_table"
+    if _BMNET_TEXT.search(text):
+        return "text"
+    return "binary" if path.suffix.lower() == ".pb2" or "\0" in text else None
+
+
+def table_kind(path: Path) -> str:
+    """The table's kind: "bmnet" (a BMNet calibration table) or "cali_table" (tpu-mlir's)."""
+    return "cali_table" if _bmnet_encoding(path) is None else "bmnet"
 
 
 def load_thresholds(path: Path) -> dict[str, float]:
@@ -87,11 +93,10 @@ def load_thresholds(path: Path) -> dict[str, float]:
 
     from .calibration import blob_thresholds, load_calibration
 
-    path = Path(path)
-    if table_kind(path) == "cali_table":
-        return read_table(path).thresholds()
-    text = path.read_bytes()[:4096].decode("utf-8", "replace")
-    msg = load_calibration(path, "text" if _BMNET_TEXT.search(text) else "binary")
+    encoding = _bmnet_encoding(path)
+    if encoding is None:
+        return read_table(Path(path)).thresholds()
+    msg = load_calibration(Path(path), encoding)
     table = {layer.name: float(layer.threshold_y[0]) for layer in msg.layer if layer.threshold_y}
     table.update(blob_thresholds(msg))
     return table
