@@ -15,14 +15,13 @@ worst per picture, top-1 agreement on confident pictures for the classifier).
   model_inputs("mtcnn_onet", 31) (16 other faces, 15 photos).
 
 Measured (2 shared cores): PP-LCNet 76 pictures npuc 0.9906 / 0.925 vs tpu-mlir 0.9501 / 0.654 (top-1 1.0
-both); O-Net box output npuc 0.9971 / 0.9881 vs tpu-mlir 0.9983 / 0.9915, landmarks 0.9999 vs 1.0, face
+both); O-Net box output npuc 0.9976 / 0.9933 vs tpu-mlir 0.9983 / 0.9915, landmarks 0.9999 vs 1.0, face
 probability 1.0 both.
 With TPU_MLIR_VENV (bench/tpumlir.py), a third row per model: tpu-mlir's default flow (model_transform,
 run_calibration KL + tune 5, model_deploy INT8 cv183x) calibrated on exactly the samples npuc calibrated on.
-Measured live (O-Net, box output mean / worst): npuc default 0.9971 / 0.9881, tpu-mlir on the same samples
-0.9983 / 0.9956; npuc `--method kl --tune 5` 0.9966 / 0.9910. npuc's build of tpu-mlir's own table scores
-0.9982 / 0.9923 only because that table names no threshold for npuc's separate MatMul outputs (tpu-mlir fuses
-MatMul + bias Add into one Gemm), so the four MatMuls and their Adds ran in bf16: npuc quantizes each FC output twice.
+Measured live (O-Net, box output mean / worst): npuc default 0.9976 / 0.9933 (0.9971 / 0.9881 before
+MatMul + bias Add became one Gemm, quantized once as tpu-mlir's FC is), tpu-mlir on the same samples
+0.9983 / 0.9956; npuc's build of tpu-mlir's own table 0.9978 / 0.9911 (the same thresholds, npuc's lowering).
 PP-LCNet: tpu-mlir 1.30.2's model_deploy crashes here (tpuc-opt
 --codegen segfaults for cv183x int8), so its row is the stored file only.
 """

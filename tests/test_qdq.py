@@ -179,7 +179,8 @@ def test_pplcnet_plain_qdq_is_close_and_exact_form_is_bit_exact(pplcnet):
     then half away at 2^rshift); the first 1-code differences (130 codes of the first conv on picture 5) grow
     through the depthwise layers: cosine 1.0 on the page pictures, 0.995 on the text ones (measured 0.99999994,
     0.9999998, 0.9999996, 0.9999999, 0.99579, 0.99464, 0.99995, 0.99593). The exact form: every picture's
-    output and all 72 int8 tensors equal the reference bit for bit."""
+    output and all 71 int8 tensors equal the reference bit for bit (the head's MatMul and bias Add are one
+    Gemm)."""
     path, graph, table, feeds = pplcnet
     qgraph = quantize(graph, thresholds_for_model(graph, table, path), "cv18xx_int8")
     int8_ops = sum(1 for op in qgraph.ops if op.attrs.quant.mode == "int8")
@@ -195,7 +196,7 @@ def test_pplcnet_plain_qdq_is_close_and_exact_form_is_bit_exact(pplcnet):
         assert ours.argmax() == theirs.argmax()
         np.testing.assert_array_equal(exact_out.run(None, feed)[0], ours)
     assert max(cosines) >= 0.99999 and min(cosines) >= 0.99 and float(np.mean(cosines)) >= 0.995
-    assert int8_tensor_mismatches(qgraph, exact, feeds[4:6]) == (72, {})
+    assert int8_tensor_mismatches(qgraph, exact, feeds[4:6]) == (71, {})
 
 
 def test_export_command_writes_deterministic_qdq(tmp_path):

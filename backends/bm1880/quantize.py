@@ -388,39 +388,6 @@ NO_FORM = {
 }
 
 
-def fold_matmul_bias(graph: Graph) -> None:
-    """MatMul followed by Add of a constant vector (ONNX's Gemm spelled out) -> Gemm with that bias."""
-    consumers = graph.consumers()
-    for add in list(graph.iter_ops("eltwise")):
-        if add.attrs.kind != "add" or len(add.inputs) != 2:
-            continue
-        consts = [graph.const(name) for name in add.inputs]
-        src_index = 0 if consts[1] is not None else 1
-        producer = graph.producers().get(add.inputs[src_index])
-        bias = consts[1 - src_index]
-        if (
-            bias is None or producer is None or producer.kind != "matmul" or producer.attrs.act is not None
-            or len(consumers.get(producer.outputs[0], [])) != 1 or bias.size != graph.shape(add.outputs[0])[-1]
-            or len(graph.shape(producer.inputs[0])) != 2 or graph.const(producer.inputs[1]) is None
-        ):  # fmt: skip
-            continue
-        producer.kind, producer.attrs = "gemm", ops.Gemm(act=add.attrs.act)
-        producer.inputs = [*producer.inputs, add.inputs[1 - src_index]]
-        graph.replace_uses(add.outputs[0], producer.outputs[0])
-        graph.remove_op(add)
-        # keep the add's (calibrated) output name on the fused result
-        _rename(graph, producer.outputs[0], add.outputs[0])
-
-
-def _rename(graph: Graph, old: str, new: str) -> None:
-    tensor = graph.tensors.pop(old)
-    tensor.name = new
-    graph.tensors[new] = tensor
-    graph.replace_uses(old, new)
-    for op in graph.ops:
-        op.outputs = [new if o == old else o for o in op.outputs]
-
-
 def lower(
     graph: Graph,
     table: dict[str, float],
@@ -430,7 +397,6 @@ def lower(
 ) -> LoweredNet:
     """The BM1880 int8 layers of a canonicalized float graph (modified: its host tail is dropped)."""
     dropped = strip_host_tail(graph)
-    fold_matmul_bias(graph)
     graph.prune()
     for op in graph.ops:
         with per_op(op):
