@@ -8,8 +8,11 @@ baked into the model as initializers first, as a static-shape compiler sees them
 from __future__ import annotations
 
 import functools
+import json
 import re
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -64,6 +67,12 @@ EXCLUDED = {
         "(test_resize_align_corners_matches_onnxruntime)"
     ),
 }
+
+
+# Generating onnx's node cases runs their reference code (~10 s), so collection takes the selected case names
+# from this file when it was written for the installed onnx version, and cases are generated at their first
+# run; test_selection_file_is_current checks it. Rewrite it with `python tests/test_onnx_node.py --write`.
+SELECTION_FILE = Path(__file__).with_name("onnx_node_cases.json")
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,7 +138,25 @@ def _array(value) -> np.ndarray:
     return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)
 
 
-CASES, EXCLUSIONS = _selected()
+def _selection_now() -> dict:
+    chosen, excluded = _selected()
+    return {"onnx": onnx.__version__, "run": [c.name for c in chosen], "excluded": sorted(excluded)}
+
+
+def _selection() -> tuple[list[str], dict[str, str]]:
+    """(names of the cases to run, excluded name -> why), from SELECTION_FILE when it fits the installed onnx."""
+    saved = json.loads(SELECTION_FILE.read_text()) if SELECTION_FILE.exists() else {}
+    if saved.get("onnx") != onnx.__version__:
+        saved = _selection_now()
+    why = lambda name: next(w for pat, w in EXCLUDED.items() if re.search(pat, name))  # noqa: E731
+    return saved["run"], {name: why(name) for name in saved["excluded"]}
+
+
+CASES, EXCLUSIONS = _selection()
+
+
+def _case(name: str):
+    return next(c for c in _all_cases() if c.name == name)
 
 
 def test_node_case_count():
@@ -137,6 +164,14 @@ def test_node_case_count():
     for name, why in sorted(EXCLUSIONS.items()):
         print(f"  excluded {name}: {why}")
     assert len(CASES) >= 250
+
+
+def test_selection_file_is_current():
+    """The names collection used are the selection the installed onnx gives today."""
+    now = _selection_now()
+    assert (CASES, sorted(EXCLUSIONS)) == (now["run"], now["excluded"]), (
+        "the ONNX node-case selection changed; rewrite it: python tests/test_onnx_node.py --write"
+    )
 
 
 def test_every_exclusion_pattern_is_used():
@@ -160,15 +195,16 @@ def _run_case(case, data_set) -> tuple[list[str], dict[str, np.ndarray]]:
 def test_resize_align_corners_matches_onnxruntime(name):
     import onnxruntime as ort
 
-    case = next(c for c in _all_cases() if c.name == name)
+    case = _case(name)
     outputs, results = _run_case(case, case.data_sets[0])
     session = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = session.run(None, _feeds(case, case.data_sets[0]))[0]
     np.testing.assert_allclose(results[outputs[0]], want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_node(case):
+@pytest.mark.parametrize("name", CASES)
+def test_node(name):
+    case = _case(name)
     for data_set in case.data_sets:
         outputs, results = _run_case(case, data_set)
         expected = data_set[1]
@@ -181,3 +217,8 @@ def test_node(case):
                 np.testing.assert_allclose(got, want, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6))
             else:
                 np.testing.assert_array_equal(got, want)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    SELECTION_FILE.write_text(json.dumps(_selection_now(), indent=1) + "\n")
+    print(f"wrote {SELECTION_FILE}")
