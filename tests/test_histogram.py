@@ -46,7 +46,9 @@ def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
     a, b = samples[:5], samples[5:]
     frozen = _run(a, phase="range").merge(_run(b, phase="range")).freeze()
     shard_a = _run(a, frozen.copy(), phase="hist")
-    shard_b = _run(b, frozen.copy(), phase="hist")
+    later = frozen.copy()
+    later.first = len(a)  # without sample keys, a histogram shard is told where its samples start
+    shard_b = _run(b, later, phase="hist")
     merged = shard_a.merge(shard_b)
     assert frozen.tensors["conv"].hist.sum() == 0  # shards never wrote into the shared frozen copy
     hg.save_stats(single, tmp_path / "single.npz")
@@ -65,10 +67,35 @@ def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
     assert st.numel == 12 * 256 and st.samples == 12 and int(st.hist.sum()) + st.zeros == 12 * 256
 
 
-def test_shard_order_does_not_matter():
+def test_shard_order_does_not_matter_but_sample_order_does():
     samples = _samples()
-    ranges = _run(samples[6:], phase="range").merge(_run(samples[:6], phase="range"))
-    assert hg.table_rows(_run(samples[::-1], ranges.freeze(), phase="hist"), "kl") == hg.table_rows(_run(samples), "kl")
+    late = hg.CalibrationStats(first=6)  # a shard that knows its place merges in any order
+    ranges = _run(samples[6:], late, phase="range").merge(_run(samples[:6], phase="range"))
+    assert sorted(ranges.tensors["conv"].peaks) == list(range(12))
+    single = _run(samples)
+    assert hg.table_rows(_run(samples, ranges.freeze(), phase="hist"), "kl") == hg.table_rows(single, "kl")
+    # tpu-mlir's histogram grows with the running absmax: its geometry follows the sample order
+    widening = single.tensors["conv"]  # sample i has sigma 1 + 0.3 i: the range keeps growing
+    reverse = _run(samples[::-1]).tensors["conv"]
+    assert len(widening.hist) > len(reverse.hist) == 2048
+    assert widening.absmax == reverse.absmax and widening.hist.sum() == reverse.hist.sum()
+
+
+def test_geometry_follows_tpu_mlir_combine_histogram():
+    """Bins appended at the old step `range / bins`; float32 range until the first extension, float64 after."""
+    geometry, final = hg.histogram_geometry({0: 2.0, 1: 1.0, 2: 3.0, 3: 3.5, 4: 0.0}, 2048)
+    step = 2.0 / 2048
+    added = int((3.0 - 2.0) // step + 1)
+    th = added * step + 2.0
+    step2 = th / (2048 + added)
+    added2 = int((3.5 - th) // step2 + 1)
+    assert geometry[0] == geometry[1] == (2.0, 2048) and geometry[2] == (th, 2048 + added)
+    assert geometry[3] == final == (added2 * step2 + th, 2048 + added + added2)
+    assert geometry[4] == (final[0], 0)  # an all-zero sample adds nothing
+    # more than 8M bins: tpu-mlir restarts from the current sample, the earlier ones are dropped
+    with pytest.warns(UserWarning, match="differ too much"):
+        geometry, final = hg.histogram_geometry({0: 1e-3, 1: 100.0}, 2048)
+    assert geometry == {0: (float(np.float32(1e-3)), 0), 1: (100.0, 2048)} and final == (100.0, 2048)
 
 
 def test_histogram_matches_tpu_mlir_binning():
@@ -244,8 +271,9 @@ def test_corrupt_statistics_files(tmp_path):
     with zipfile.ZipFile(good) as src, zipfile.ZipFile(liar, "w") as dst:
         for info in src.infolist():
             blob = src.read(info)
-            if info.filename == "hist.npy":  # same header length, a much larger shape
-                blob = blob.replace(b"'shape': (3, 2048)", b"'shape': (9999999, 99)")
+            if info.filename == "hist.npy":  # a much larger shape than the data
+                length = sum(len(st.hist) for st in stats.tensors.values())
+                blob = blob.replace(f"'shape': ({length},)".encode(), b"'shape': (9999999,)")
                 assert b"9999999" in blob
             dst.writestr(info, blob)
     with pytest.raises(UserError, match="size does not match"):

@@ -13,7 +13,8 @@ output gives the output's name with the real producer's type (`output_Gemm`); gr
 
 Two streaming passes (passes/calibration/histogram.py): ranges, freeze, histograms, on one onnxruntime session
 (passes/calibration/tap.py). Samples are loaded one batch at a time (the next batch runs while the current one
-is folded in) and nothing per sample is kept, so memory stays flat as the sample count grows. Sharded runs:
+is folded in); per sample only each tensor's absmax is kept (pass 1), which fixes tpu-mlir's sample-by-sample
+histogram geometry for pass 2 (kl, percentile and mse all read that histogram). Sharded runs:
 pass 1 per shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table
 is then byte-identical to a single run's.
 
@@ -211,12 +212,15 @@ def collect_ranges(
     options: CalibrationOptions,
     progress: Progress,
     tap: TensorTap | None = None,
+    first: int = 0,
 ) -> CalibrationStats:
-    """Pass 1: running min / max of every observed tensor (keyed by table name)."""
-    stats = CalibrationStats(bins=options.bins)
+    """Pass 1: running min / max and per-sample absmax of every observed tensor (keyed by table name);
+    `first`: the place of `files[0]` in the whole sample list (a shard's offset)."""
+    stats = CalibrationStats(bins=options.bins, first=first)
     names = plan.observed
     observe = lambda n, x: stats.observe_range(names[n], x)  # noqa: E731
-    sweep(tap or TensorTap(plan, options.batch), files, pre, observe, progress("ranges", len(files)))
+    tap = tap or TensorTap(plan, options.batch)
+    sweep(tap, files, pre, observe, progress("ranges", len(files)), stats.begin_sample)
     return stats
 
 
@@ -229,12 +233,13 @@ def collect_histograms(
     progress: Progress,
     tap: TensorTap | None = None,
 ) -> CalibrationStats:
-    """Pass 2: |x| histograms binned over the frozen ranges of pass 1."""
+    """Pass 2: |x| histograms, each sample binned at the geometry its place in pass 1 gives (found by its key)."""
     _check_same_tensors(ranges, plan)
     stats = ranges.freeze()
     names = plan.observed
     observe = lambda n, x: stats.observe_histogram(names[n], x)  # noqa: E731
-    sweep(tap or TensorTap(plan, options.batch), files, pre, observe, progress("histograms", len(files)))
+    tap = tap or TensorTap(plan, options.batch)
+    sweep(tap, files, pre, observe, progress("histograms", len(files)), stats.begin_sample)
     return stats
 
 
@@ -387,7 +392,7 @@ def run_shard(job: shards.ShardJob) -> CalibrationStats:
     options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max")
     files = [Path(f) for f in job.files]
     if job.ranges is None:
-        return collect_ranges(plan, files, job.pre, options, no_progress, tap)
+        return collect_ranges(plan, files, job.pre, options, no_progress, tap, first=job.first)
     return collect_histograms(plan, files, job.pre, options, job.ranges, no_progress, tap)
 
 

@@ -1,13 +1,18 @@
 """Streaming, mergeable per-tensor calibration statistics and the threshold methods (`kl`, `max`, ...).
 
 Two passes over the calibration samples, so that sharded runs merge exactly:
-1. range pass: running min / max (float32), element and sample counts — merging is min/max/sum;
-2. histogram pass: the |x| histogram with the range frozen from pass 1, so every shard bins with the same
-   width and merging is integer addition. Binning follows tpu-mlir (quant.md §1.2): exact zeros are left
-   out (counted separately), `width = absmax / (bins - 1)` and `index = floor(|x| / width + 0.5)`, in
-   float32. tpu-mlir instead grows its histogram when a later sample exceeds the range, which makes its
-   result depend on sample order; with the range frozen first ours equals tpu-mlir's whenever its first
-   sample holds the absmax, and never depends on order or sharding.
+1. range pass: running min / max (float32), element and sample counts, and each sample's absmax keyed by
+   its place in the sample order (and, when the caller names samples, by a key of the sample's content);
+   merging is min/max/sum and a union of the per-sample records;
+2. histogram pass: tpu-mlir's |x| histogram (quant.md §1.2), which it builds sample by sample: the first
+   sample sets `bins` bins over its range, and a later sample with a larger running absmax appends bins at
+   the old step, the old counts staying in the leading bins. Each sample is binned with the geometry
+   (range, bins) in force after it, which depends only on the ordered per-sample absmax of pass 1:
+   `freeze` computes that sequence, pass 2 bins every sample at its own geometry into the final-length
+   histogram, and shards add. Binning: exact zeros are left out (counted separately),
+   `width = range / (bins - 1)`, `index = floor(|x| / width + 0.5)` in float32; the geometry's arithmetic
+   follows tpu-mlir's numpy (float32 ranges until the first extension, float64 after). So the table equals
+   tpu-mlir's for the same samples in the same order, whatever the sharding.
 
 Statistics save to a `.npz` written with fixed zip timestamps: the same statistics give the same bytes.
 """
@@ -15,6 +20,7 @@ Statistics save to a `.npz` written with fixed zip timestamps: the same statisti
 from __future__ import annotations
 
 import io
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -27,8 +33,11 @@ from npuc.compiler.defaults import DEFAULT_BINS
 from npuc.compiler.errors import UserError
 
 MAX_BINS = 1 << 16
+TINY_SAMPLE = 1e-8  # tpu-mlir: a sample whose |x| stays below this adds nothing to the histogram
+RESET_BINS = 8_000_000  # tpu-mlir: a histogram longer than this restarts from the current sample
+KL_MAX_BINS = 64 * 2048  # tpu-mlir: longer histograms are halved (adjacent bins summed) before KL
 MIN_THRESHOLD = 1e-5  # tpu-mlir: smaller thresholds become 1e-5 ("layer is all zeros")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-sample absmax, histograms of any length
 MAX_STATS_BYTES = 1 << 31
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -41,9 +50,12 @@ class TensorStats:
     max: float = float("-inf")
     numel: int = 0  # elements seen by the range pass
     samples: int = 0  # updates seen by the range pass
-    hist_range: float = 0.0  # absmax the histogram bins were fixed from (0: no histogram yet)
-    hist: np.ndarray | None = None  # int64 [bins], zeros excluded
+    hist_range: float = 0.0  # range of the final histogram geometry (0: no histogram yet)
+    hist: np.ndarray | None = None  # int64 [final bins], zeros excluded
     zeros: int = 0  # exact zeros seen by the histogram pass
+    peaks: dict[int, float] = field(default_factory=dict)  # range pass: sample index -> its absmax (float32)
+    geometry: dict[int, tuple[float, int]] = field(default_factory=dict)  # frozen: sample index -> (range, bins)
+    binned: int = 0  # samples seen by the histogram pass
 
     @property
     def absmax(self) -> float:
@@ -57,68 +69,178 @@ class TensorStats:
         """Histogram bin width (float32 like tpu-mlir)."""
         if self.hist is None:
             return 0.0
-        return float(np.float32(self.hist_range) / np.float32(len(self.hist) - 1))
+        return float(np.float32(self.hist_range / (len(self.hist) - 1)))
 
 
 @dataclass
 class CalibrationStats:
-    """Ordered per-tensor statistics; `observe_range` then `freeze` then `observe_histogram`."""
+    """Ordered per-tensor statistics; `observe_range` then `freeze` then `observe_histogram`.
+
+    Samples are numbered from `first` in the order the range pass sees them (a shard starts at its first
+    sample's place in the whole list). `begin_sample(key)` before a sample's tensors names it by a key of its
+    content: the histogram pass then finds each sample's place by its key, so a histogram shard needs no
+    offset; without keys the k-th histogram sample of a tensor is taken to be sample `first` + k.
+    """
 
     tensors: dict[str, TensorStats] = field(default_factory=dict)
     bins: int = DEFAULT_BINS
+    first: int = 0
+    keys: dict[str, int] = field(default_factory=dict)  # sample content key -> its first sample index
+    _current: int | None = field(default=None, repr=False, compare=False)  # histogram pass: the sample's index
+    _seen: int = field(default=0, repr=False, compare=False)  # range pass: samples begun
 
     def __post_init__(self) -> None:
         if not 128 <= self.bins <= MAX_BINS:
             raise UserError(f"histogram bins {self.bins} out of range; use 128..{MAX_BINS} (tpu-mlir uses 2048)")
 
+    def begin_sample(self, key: str) -> None:
+        """The tensors observed next belong to the sample with content key `key`."""
+        frozen = any(st.hist is not None for st in self.tensors.values())
+        if frozen:
+            self._current = self.keys.get(key, -1)  # -1: a sample the range pass did not see
+        else:
+            self.keys.setdefault(key, self.first + self._seen)
+            self._current = self.first + self._seen
+            self._seen += 1
+
     def observe_range(self, name: str, x: np.ndarray) -> None:
-        """Pass 1: fold one sample of tensor `name` into its min / max / counts."""
+        """Pass 1: fold one sample of tensor `name` into its min / max / counts and record its absmax."""
         a = np.asarray(x, dtype=np.float32).reshape(-1)
         st = self.tensors.setdefault(name, TensorStats())
         if st.hist is not None:
             raise UserError(f"tensor {name!r}: range pass after freeze(); run pass 1 on all samples first")
+        peak = np.float32(0.0)
         if a.size:
             lo, hi = float(a.min()), float(a.max())  # NaN propagates into both, +-Inf shows in one
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise _not_finite(name)
             st.min = float(np.float32(min(st.min, lo)))
             st.max = float(np.float32(max(st.max, hi)))
+            peak = max(abs(np.float32(lo)), abs(np.float32(hi)))
+        index = self._current if self._current is not None else self.first + st.samples
+        st.peaks[index] = float(peak)
         st.numel += int(a.size)
         st.samples += 1
 
     def freeze(self) -> CalibrationStats:
-        """Fix each tensor's histogram range to its absmax; returns a new object ready for pass 2."""
-        frozen = {
-            name: replace(st, hist_range=st.absmax, hist=np.zeros(self.bins, dtype=np.int64), zeros=0)
-            for name, st in self.tensors.items()
-        }
-        return CalibrationStats(frozen, self.bins)
+        """Each tensor's histogram geometry sample by sample (tpu-mlir's); a new object ready for pass 2."""
+        frozen = {}
+        for name, st in self.tensors.items():
+            geometry, (top, bins) = histogram_geometry(st.peaks, self.bins)
+            frozen[name] = replace(
+                st, hist_range=top, hist=np.zeros(bins, dtype=np.int64), zeros=0, geometry=geometry, binned=0
+            )
+        return CalibrationStats(frozen, self.bins, self.first, dict(self.keys))
 
     def observe_histogram(self, name: str, x: np.ndarray) -> None:
-        """Pass 2: add |x| of one sample to the frozen histogram of `name`."""
+        """Pass 2: add |x| of one sample, binned at that sample's geometry, to the histogram of `name`."""
         st = self.tensors.get(name)
         if st is None or st.hist is None:
             raise UserError(f"tensor {name!r} has no frozen range; run the range pass and freeze() first")
-        counts, zeros = histogram_abs(x, st.hist_range, len(st.hist), name)
-        st.hist += counts
+        index = self._current if self._current is not None else self.first + st.binned
+        st.binned += 1
+        a = np.asarray(x, dtype=np.float32).reshape(-1)
+        zeros = int(a.size - np.count_nonzero(a))
         st.zeros += zeros
+        if zeros == a.size:
+            return
+        top = float(np.abs(a).max())
+        if not np.isfinite(top):
+            raise _not_finite(name)
+        if top < TINY_SAMPLE:  # tpu-mlir leaves such a sample out of the histogram
+            return
+        geo = st.geometry.get(index)
+        if geo is None or top > geo[0]:  # a sample the range pass did not see: the final geometry
+            geo = (st.hist_range, len(st.hist))
+        th, bins = geo
+        if bins == 0:  # binned before tpu-mlir's reset (too many bins): the reset discarded it
+            return
+        counts, _ = histogram_abs(a, th, bins, name, width=th / (bins - 1))
+        st.hist[:bins] += counts
 
     def merge(self, other: CalibrationStats) -> CalibrationStats:
-        """Combine two shards (same phase); the result is exactly what one run over both would give."""
+        """Combine two shards (same phase); the result is exactly what one run over both would give.
+
+        Range shards with distinct sample places merge in any order; shards that both number their samples
+        from 0 (run apart, e.g. `calibrate merge` of --range-only files) take `other`'s after this one's."""
         if other.bins != self.bins:
             raise UserError(f"cannot merge statistics with {self.bins} and {other.bins} bins; use the same bin count")
+        shift = _shift(self, other)
         merged = self.copy().tensors
         for name, st in other.tensors.items():
+            st = _shifted(st, shift)
             merged[name] = _merge_tensor(name, merged[name], st) if name in merged else _copy_tensor(st)
-        return CalibrationStats(merged, self.bins)
+        keys = {k: i + shift for k, i in other.keys.items()}
+        for k, i in self.keys.items():
+            keys[k] = min(i, keys.get(k, i))
+        return CalibrationStats(merged, self.bins, min(self.first, other.first + shift), dict(sorted(keys.items())))
 
     def copy(self) -> CalibrationStats:
         """An independent copy (give each histogram-pass shard its own copy of the frozen statistics)."""
-        return CalibrationStats({name: _copy_tensor(st) for name, st in self.tensors.items()}, self.bins)
+        tensors = {name: _copy_tensor(st) for name, st in self.tensors.items()}
+        return CalibrationStats(tensors, self.bins, self.first, dict(self.keys))
+
+
+def _indices(stats: CalibrationStats) -> set[int]:
+    return {i for st in stats.tensors.values() for i in st.peaks}
+
+
+def _shift(a: CalibrationStats, b: CalibrationStats) -> int:
+    """0 when the range shards' sample places are disjoint (or histogram shards), else what puts b after a."""
+    if any(st.hist is not None for st in b.tensors.values()):
+        return 0
+    ia, ib = _indices(a), _indices(b)
+    if not ia or not ib or ia.isdisjoint(ib):
+        return 0
+    return max(ia) + 1 - min(ib)
+
+
+def _shifted(st: TensorStats, shift: int) -> TensorStats:
+    return st if not shift else replace(st, peaks={i + shift: p for i, p in st.peaks.items()})
+
+
+def histogram_geometry(peaks: Mapping[int, float], bins: int) -> tuple[dict[int, tuple[float, int]], tuple[float, int]]:
+    """tpu-mlir's histogram geometry after each sample (quant.md §1.2, `combine_histogram`), from the samples'
+    absmax in sample order: (sample index -> (range, bins), the final (range, bins)). A sample with absmax
+    below 1e-8 adds nothing (it only moves the running absmax); bins 0: the sample was discarded by a reset.
+
+    The arithmetic is tpu-mlir's under numpy 1.x: the range is a float32 until the first extension (the
+    extension's `new - old` then in float32), float64 after; the step is `range / bins`, the new bin count
+    `bins + int((new - old) // step + 1)`, the new range `added * step + old`. More than 8,000,000 bins
+    restart the histogram from the current sample alone."""
+    geometry: dict[int, tuple[float, int]] = {}
+    running = np.float32(0.0)
+    th: float | None = None
+    is_f32 = True
+    n = 0
+    for index in sorted(peaks):
+        peak = np.float32(peaks[index])
+        running = max(running, peak)
+        if peak < TINY_SAMPLE:
+            geometry[index] = (th or 0.0, 0)
+            continue
+        if th is None:
+            th, n, is_f32 = float(running), bins, True
+        elif float(running) > th:
+            step = th / n
+            diff = float(running - np.float32(th)) if is_f32 else float(running) - th
+            added = int(np.float64(diff) // np.float64(step) + 1)
+            if n + added > RESET_BINS:
+                message = "calibration samples differ too much in range; the histogram restarts (as tpu-mlir's does)"
+                warnings.warn(f"{message}: reorder or replace the samples", UserWarning, stacklevel=2)
+                for i in geometry:
+                    geometry[i] = (geometry[i][0], 0)
+                th, n, is_f32 = float(running), bins, True
+            else:
+                th, n, is_f32 = added * step + th, n + added, False
+        geometry[index] = (th, n)
+    if th is None:  # no sample with a histogram: an empty one over the observed range
+        return geometry, (float(running), bins)
+    return geometry, (th, n)
 
 
 def _copy_tensor(st: TensorStats) -> TensorStats:
-    return replace(st, hist=None if st.hist is None else st.hist.copy())
+    return replace(st, hist=None if st.hist is None else st.hist.copy(), peaks=dict(st.peaks))
 
 
 def _not_finite(name: str) -> UserError:
@@ -129,7 +251,11 @@ def _merge_tensor(name: str, a: TensorStats, b: TensorStats) -> TensorStats:
     if (a.hist is None) != (b.hist is None):
         raise UserError(f"tensor {name!r}: cannot merge a range-pass shard with a histogram-pass shard")
     out = TensorStats(
-        min=min(a.min, b.min), max=max(a.max, b.max), numel=a.numel + b.numel, samples=a.samples + b.samples
+        min=min(a.min, b.min),
+        max=max(a.max, b.max),
+        numel=a.numel + b.numel,
+        samples=a.samples + b.samples,
+        peaks=dict(sorted({**a.peaks, **b.peaks}.items())),
     )
     if a.hist is not None:
         base = lambda st: (st.min, st.max, st.numel, st.samples, st.hist_range, len(st.hist))  # noqa: E731
@@ -139,12 +265,16 @@ def _merge_tensor(name: str, a: TensorStats, b: TensorStats) -> TensorStats:
                 f"({a.hist_range} vs {b.hist_range}); freeze the merged range-pass statistics before pass 2"
             )
         # the histogram pass repeats the samples: counts add, range fields describe pass 1 (keep one copy)
-        out = replace(a, hist=a.hist + b.hist, zeros=a.zeros + b.zeros)
+        out = replace(a, hist=a.hist + b.hist, zeros=a.zeros + b.zeros, binned=a.binned + b.binned)
     return out
 
 
-def histogram_abs(x: np.ndarray, absmax: float, bins: int, name: str = "tensor") -> tuple[np.ndarray, int]:
-    """tpu-mlir's |x| histogram with a fixed range: (counts int64 [bins], number of exact zeros).
+def histogram_abs(
+    x: np.ndarray, absmax: float, bins: int, name: str = "tensor", width: float | None = None
+) -> tuple[np.ndarray, int]:
+    """tpu-mlir's |x| histogram over `bins` bins of `width` (default `absmax / (bins - 1)`): (counts int64
+    [bins], number of exact zeros). A value rounding one bin past the end is dropped, as tpu-mlir's
+    `np.histogram(range=(0, bins - 1))` drops it.
 
     Bit-identical to binning the non-zero |x| as `floor(|x| / width + 0.5)` in float32, with fewer passes:
     every element is binned in place (a zero lands in bin 0 and is taken out again by count), and the
@@ -154,21 +284,21 @@ def histogram_abs(x: np.ndarray, absmax: float, bins: int, name: str = "tensor")
     zeros = int(a.size - np.count_nonzero(a))
     if zeros == a.size:
         return np.zeros(bins, dtype=np.int64), zeros
-    width = np.float32(absmax) / np.float32(bins - 1)
-    if not width > 0:
+    w = np.float32(absmax / (bins - 1) if width is None else width)
+    if not w > 0:
         raise UserError(f"tensor {name!r}: non-zero values but a zero frozen range; rerun the range pass")
     t = np.abs(a)
-    np.divide(t, width, out=t)
+    np.divide(t, w, out=t)
     t += np.float32(0.5)
     top = float(t.max())
     if not np.isfinite(top):
         raise _not_finite(name)
-    if top >= bins:
+    if top >= bins + 1:
         raise UserError(
             f"tensor {name!r}: value {float(np.abs(a).max())} exceeds the range pass absmax {absmax}; "
             "run both passes on the same samples"
         )
-    counts = np.bincount(t.astype(np.intp), minlength=bins)
+    counts = np.bincount(t.astype(np.intp), minlength=bins + 1)[:bins]
     counts[0] -= zeros
     return counts, zeros
 
@@ -230,8 +360,18 @@ def kl_divergences(hist: np.ndarray, dst_bins: int = 128) -> np.ndarray:
 
 
 def _kl(st: TensorStats, dst_bins: int = 128) -> float:
+    """tpu-mlir's find_threshold: pad to a multiple of `dst_bins`; while longer than KL_MAX_BINS, sum adjacent
+    bins, pad again and double the width; then the KL search."""
     _require_hist(st, "kl")
-    return kl_threshold(st.hist, st.width, dst_bins)
+    hist, width = _pad(st.hist, dst_bins), st.hist_range / (len(st.hist) - 1)
+    while len(hist) > KL_MAX_BINS:
+        hist, width = _pad(hist[::2] + hist[1::2], dst_bins), width * 2.0
+    return kl_threshold(hist, width, dst_bins)
+
+
+def _pad(hist: np.ndarray, dst_bins: int) -> np.ndarray:
+    short = -len(hist) % dst_bins
+    return np.concatenate([hist, np.zeros(short, dtype=hist.dtype)]) if short else hist
 
 
 def _max(st: TensorStats) -> float:
@@ -320,9 +460,12 @@ def save_stats(stats: CalibrationStats, path: str | Path) -> None:
     names = list(stats.tensors)
     sts = [stats.tensors[n] for n in names]
     has_hist = [st.hist is not None for st in sts]
+    hists = [st.hist for st in sts if st.hist is not None]
+    peaks = [sorted(st.peaks.items()) for st in sts]
     arrays = {
         "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
         "bins": np.array(stats.bins, dtype=np.int64),
+        "first": np.array(stats.first, dtype=np.int64),
         "names": np.array(names, dtype=np.str_) if names else np.zeros(0, dtype="<U1"),
         "min": np.array([st.min for st in sts], dtype=np.float64),
         "max": np.array([st.max for st in sts], dtype=np.float64),
@@ -331,9 +474,14 @@ def save_stats(stats: CalibrationStats, path: str | Path) -> None:
         "has_hist": np.array(has_hist, dtype=np.bool_),
         "hist_range": np.array([st.hist_range for st in sts], dtype=np.float64),
         "zeros": np.array([st.zeros for st in sts], dtype=np.int64),
-        "hist": np.stack([st.hist if st.hist is not None else np.zeros(stats.bins, np.int64) for st in sts])
-        if sts
-        else np.zeros((0, stats.bins), dtype=np.int64),
+        "binned": np.array([st.binned for st in sts], dtype=np.int64),
+        "hist_len": np.array([0 if st.hist is None else len(st.hist) for st in sts], dtype=np.int64),
+        "hist": np.concatenate(hists).astype(np.int64) if hists else np.zeros(0, dtype=np.int64),
+        "peak_count": np.array([len(p) for p in peaks], dtype=np.int64),
+        "peak_index": np.array([i for p in peaks for i, _ in p], dtype=np.int64),
+        "peak": np.array([v for p in peaks for _, v in p], dtype=np.float32),
+        "key_names": np.array(list(stats.keys), dtype=np.str_) if stats.keys else np.zeros(0, dtype="<U1"),
+        "key_index": np.array(list(stats.keys.values()), dtype=np.int64),
     }
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -356,6 +504,9 @@ _EXPECTED = MappingProxyType(
         "has_hist": "b",
         "hist_range": "f",
         "zeros": "i",
+        "binned": "i",
+        "hist_len": "i",
+        "peak_count": "i",
     }
 )
 
@@ -398,12 +549,14 @@ def load_stats(path: str | Path) -> CalibrationStats:
     path = Path(path)
     data = _read_npz(path)
     bad = lambda why: UserError(f"{path}: corrupt statistics file: {why}; recreate it with npuc calibrate")  # noqa: E731
-    for key in ("format_version", "bins", "names", "hist", *_EXPECTED):
+    for key in ("format_version", "bins", "first", "names", "hist", "peak_index", "peak", "key_names", "key_index",
+                *_EXPECTED):  # fmt: skip
         if key not in data:
             raise bad(f"missing array {key!r}")
     if data["format_version"].shape != () or int(data["format_version"]) != FORMAT_VERSION:
         raise bad(f"format version {data['format_version']!r}, expected {FORMAT_VERSION}")
     bins = int(data["bins"]) if data["bins"].shape == () else -1
+    first = int(data["first"]) if data["first"].shape == () else -1
     names = data["names"]
     t = len(names)
     if names.ndim != 1 or names.dtype.kind != "U" or len(set(names.tolist())) != t:
@@ -412,22 +565,40 @@ def load_stats(path: str | Path) -> CalibrationStats:
         arr = data[key]
         if arr.shape != (t,) or arr.dtype.kind != kind:
             raise bad(f"array {key!r} has shape {arr.shape} dtype {arr.dtype}, expected ({t},) kind {kind!r}")
-    hist = data["hist"]
-    if hist.shape != (t, bins) or hist.dtype != np.int64 or (hist < 0).any():
-        raise bad(f"'hist' has shape {hist.shape} dtype {hist.dtype}, expected ({t}, {bins}) int64 >= 0")
-    counts = np.concatenate([data["numel"], data["samples"], data["zeros"]])
+    hist, lens = data["hist"], data["hist_len"]
+    has = data["has_hist"]
+    if (
+        hist.ndim != 1 or hist.dtype != np.int64 or (hist < 0).any() or (lens < 0).any()
+        or int(lens.sum()) != len(hist) or (lens[has] < 2).any() or (lens[~has] != 0).any()
+    ):  # fmt: skip
+        raise bad(f"'hist' has shape {hist.shape} dtype {hist.dtype}, not the int64 >= 0 counts 'hist_len' gives")
+    pidx, peak, pcount = data["peak_index"], data["peak"], data["peak_count"]
+    if (
+        pidx.shape != peak.shape or pidx.ndim != 1 or pidx.dtype != np.int64 or peak.dtype != np.float32
+        or (pcount < 0).any() or int(pcount.sum()) != len(peak) or not np.all(np.isfinite(peak)) or (peak < 0).any()
+    ):  # fmt: skip
+        raise bad("per-sample absmax arrays 'peak_index' / 'peak' do not match 'peak_count'")
+    knames, kidx = data["key_names"], data["key_index"]
+    if knames.ndim != 1 or knames.shape != kidx.shape or (len(knames) and knames.dtype.kind != "U"):
+        raise bad("sample keys 'key_names' / 'key_index' do not match")
+    counts = np.concatenate([data["numel"], data["samples"], data["zeros"], data["binned"]])
     if (counts < 0).any() or not np.all(np.isfinite(data["hist_range"])) or (data["hist_range"] < 0).any():
         raise bad("negative counts or a bad histogram range")
+    hist_at = np.concatenate([[0], np.cumsum(lens)])
+    peak_at = np.concatenate([[0], np.cumsum(pcount)])
     tensors = {}
     for i, name in enumerate(names.tolist()):
-        has = bool(data["has_hist"][i])
-        tensors[name] = TensorStats(
+        st = TensorStats(
             min=float(data["min"][i]),
             max=float(data["max"][i]),
             numel=int(data["numel"][i]),
             samples=int(data["samples"][i]),
             hist_range=float(data["hist_range"][i]),
-            hist=hist[i].copy() if has else None,
+            hist=hist[hist_at[i] : hist_at[i + 1]].copy() if has[i] else None,
             zeros=int(data["zeros"][i]),
+            peaks=dict(zip(pidx[peak_at[i] : peak_at[i + 1]].tolist(), peak[peak_at[i] : peak_at[i + 1]].tolist())),
+            binned=int(data["binned"][i]),
         )
-    return CalibrationStats(tensors, bins)  # __post_init__ validates bins
+        tensors[name] = st
+    keys = {str(k): int(v) for k, v in zip(knames.tolist(), kidx.tolist())}
+    return CalibrationStats(tensors, bins, first, keys)  # __post_init__ validates bins

@@ -43,6 +43,7 @@ class ShardJob:
     files: tuple[str, ...]
     ranges: CalibrationStats | None  # None: pass 1 (ranges); else pass 2 (histograms over these frozen ranges)
     threads: int
+    first: int = 0  # the place of files[0] in the whole sample list: pass 1 numbers the samples from it
 
 
 def default_jobs() -> int:
@@ -154,7 +155,9 @@ def shard_jobs(
 ) -> list[ShardJob]:
     shapes = tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
     threads = max(1, default_jobs() // workers)
+    chunks = chunk_files(files, workers, batch)
+    starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
     return [
-        ShardJob(str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads)
-        for chunk in chunk_files(files, workers, batch)
+        ShardJob(str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads, start)
+        for chunk, start in zip(chunks, starts)
     ]

@@ -4,6 +4,7 @@ statistics (`sweep`), and the check that batching does not change a tensor (--ba
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,13 +94,14 @@ def _stack(samples: list[dict[str, np.ndarray]], batch: int) -> dict[str, np.nda
     return {name: np.concatenate([s[name] for s in padded]) for name in samples[0]}
 
 
-def _per_sample(values: np.ndarray, count: int, batch: int, name: str) -> np.ndarray:
-    """The first `count` samples' part of a batched output (drops the padding of a short last batch)."""
-    if batch == 1 or count == batch:
-        return values
-    if values.ndim == 0 or values.shape[0] != batch:
-        raise UserError(f"tensor {name!r} has no batch axis at dim 0 under --batch {batch}; use --batch 1")
-    return values[:count]
+def sample_key(feed: dict[str, np.ndarray]) -> str:
+    """A key of a sample's content (its input tensors): the histogram pass finds the sample's place by it."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(feed):
+        a = np.ascontiguousarray(feed[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def _check_batching(tap: TensorTap, single: TensorTap, first: dict[str, np.ndarray], batched: dict) -> None:
@@ -129,8 +131,10 @@ def sweep(
     pre: Preprocess,
     observe: Callable[[str, np.ndarray], None],
     advance: Callable[[int], None],
+    begin: Callable[[str], None] | None = None,
 ) -> None:
-    """Run every sample through the model once, handing each observed tensor to `observe` in sample order.
+    """Run every sample through the model once, handing each observed tensor to `observe` in sample order,
+    one sample at a time (a batch is sliced), after `begin(sample_key(sample))`.
 
     A worker thread loads and runs batch k+1 (onnxruntime releases the GIL) while this thread folds batch k
     into the statistics; at most two batches of tensors are alive, whatever the sample count.
@@ -151,11 +155,13 @@ def sweep(
             if not checked:
                 _check_batching(tap, TensorTap(plan, 1), samples[0], values)
                 checked = True
-            for s in samples:  # graph inputs are observed per sample from the feed itself
-                for spec in plan.inputs:
+            for j, s in enumerate(samples):  # one sample at a time: its own absmax, its own histogram geometry
+                if begin is not None:
+                    begin(sample_key(s))
+                for spec in plan.inputs:  # graph inputs are observed from the feed itself
                     if spec.name in plan.observed:
                         observe(spec.name, s[spec.name])
-            for name in tap.fetch:
-                observe(name, _per_sample(values[name], len(samples), batch, name))
+                for name in tap.fetch:
+                    observe(name, values[name] if batch == 1 else values[name][j : j + 1])
             advance(len(samples))
             del samples, values
