@@ -51,6 +51,7 @@ def calibrate(
     percentile: float = 99.99,
     batch: int = 1,
     bins: int | None = None,
+    histogram: str = "global",
     tune: int = 0,
     refine: str = "",
     refine_samples: int = 100,
@@ -81,7 +82,9 @@ def calibrate(
     decided before the first pass. `budget`: seconds of each of `--method auto`'s searches (default 30; estimated
     by a fixed cost model, so the same inputs give the same table on any machine; 0: one method for all, no fit).
     `fit`: `--method auto` also tries the channel split, tune step and weight refit
-    (passes/calibration/fit_choice.py)."""
+    (passes/calibration/fit_choice.py). `histogram`: "global" (default: one histogram range per tensor, the
+    table independent of the sample order) or "tpu-mlir" (its sample-by-sample histogram, folders read in
+    its order: the same samples give tpu-mlir's own table)."""
     from npuc.compiler.defaults import DEFAULT_BUDGET, DEFAULT_TARGET_COS
     from npuc.passes.calibration import calibrate as calib
     from npuc.passes.calibration import calibration_run as steps
@@ -107,8 +110,10 @@ def calibrate(
     fitted = bool(tune or refine or split_channels > 1 or range_only)
     options = calib.CalibrationOptions(
         method="kl" if auto else method, percentile=percentile, batch=batch, bins=bins or DEFAULT_BINS, tune=tune,
-        refine=refine, refine_samples=refine_samples, split_channels=split_channels,
+        refine=refine, refine_samples=refine_samples, split_channels=split_channels, histogram=histogram,
     )  # fmt: skip
+    if options.histogram == "tpu-mlir":  # its histogram follows the sample order: read folders in tpu-mlir's
+        data, samples = list_samples(data, samples, folder_order="tpu-mlir"), None
     pre = preprocess or Preprocess()
     shapes = as_shape_dict(input_shapes)
     steps.check_batchable(model, shapes, options)  # before the long passes

@@ -114,6 +114,14 @@ def register(app: typer.Typer) -> None:
         ] = False,
         batch: Annotated[int, typer.Option("--batch", help="Samples per onnxruntime run.")] = 1,
         bins: Annotated[int, typer.Option("--bins", help="Histogram bins (tpu-mlir: 2048).")] = DEFAULT_BINS,
+        histogram: Annotated[
+            str,
+            typer.Option(
+                "--histogram",
+                help="Histogram geometry: global (one range per tensor, independent of the sample order) or "
+                "tpu-mlir (its sample-by-sample histogram, folders read in its order: tpu-mlir's own table).",
+            ),
+        ] = "global",
         tune: Annotated[
             int, typer.Option("--tune", help="Tune KL thresholds on the first N samples (tpu-mlir's default: 5).")
         ] = 0,
@@ -212,8 +220,8 @@ def register(app: typer.Typer) -> None:
         with bar or nullcontext():
             done = calibration.calibrate(
                 model, data, output, method=method, percentile=percentile, batch=batch, bins=bins, tune=tune,
-                refine=refine, refine_samples=refine_samples, split_channels=split_channels, preprocess=pre,
-                input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
+                histogram=histogram, refine=refine, refine_samples=refine_samples, split_channels=split_channels,
+                preprocess=pre, input_shapes=input_shape or [], samples=samples, ranges=ranges, range_only=range_only,
                 save_stats=save_stats_path, bmnet=bmnet, jobs=jobs, ray=ray, target_cos=target_cos,
                 max_float_layers=max_float_layers, float_patterns=float_patterns, budget=budget, fit=fit,
                 depfile=depfile, on_bad_sample=on_bad_sample, progress=progress,

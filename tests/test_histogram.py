@@ -67,18 +67,32 @@ def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
     assert st.numel == 12 * 256 and st.samples == 12 and int(st.hist.sum()) + st.zeros == 12 * 256
 
 
-def test_shard_order_does_not_matter_but_sample_order_does():
+@pytest.mark.parametrize("histogram", hg.HISTOGRAMS)
+def test_shard_order_never_matters_sample_order_only_for_tpu_mlir(histogram: str):
     samples = _samples()
-    late = hg.CalibrationStats(first=6)  # a shard that knows its place merges in any order
-    ranges = _run(samples[6:], late, phase="range").merge(_run(samples[:6], phase="range"))
+    fresh = lambda **kw: hg.CalibrationStats(histogram=histogram, **kw)  # noqa: E731
+    late = fresh(first=6)  # a shard that knows its place merges in any order
+    ranges = _run(samples[6:], late, phase="range").merge(_run(samples[:6], fresh(), phase="range"))
     assert sorted(ranges.tensors["conv"].peaks) == list(range(12))
-    single = _run(samples)
+    single = _run(samples, fresh())
     assert hg.table_rows(_run(samples, ranges.freeze(), phase="hist"), "kl") == hg.table_rows(single, "kl")
-    # tpu-mlir's histogram grows with the running absmax: its geometry follows the sample order
     widening = single.tensors["conv"]  # sample i has sigma 1 + 0.3 i: the range keeps growing
-    reverse = _run(samples[::-1]).tensors["conv"]
-    assert len(widening.hist) > len(reverse.hist) == 2048
+    reverse = _run(samples[::-1], fresh()).tensors["conv"]
     assert widening.absmax == reverse.absmax and widening.hist.sum() == reverse.hist.sum()
+    if histogram == "global":  # one range for all samples: the order changes nothing
+        assert np.array_equal(widening.hist, reverse.hist) and len(widening.hist) == 2048
+    else:  # tpu-mlir's histogram grows with the running absmax: its geometry follows the sample order
+        assert len(widening.hist) > len(reverse.hist) == 2048
+
+
+def test_statistics_of_two_geometries_do_not_merge():
+    samples = _samples(2)
+    a = _run(samples, hg.CalibrationStats(), phase="range")
+    b = _run(samples, hg.CalibrationStats(histogram="tpu-mlir"), phase="range")
+    with pytest.raises(UserError, match="same --histogram"):
+        a.merge(b)
+    with pytest.raises(UserError, match="--histogram 'sorted' is not one of global, tpu-mlir"):
+        hg.CalibrationStats(histogram="sorted")
 
 
 def test_geometry_follows_tpu_mlir_combine_histogram():

@@ -1,4 +1,4 @@
-"""npuc's KL thresholds equal tpu-mlir's on MTCNN O-Net, row by row.
+"""With `--histogram tpu-mlir`, npuc's KL thresholds equal tpu-mlir's on MTCNN O-Net, row by row.
 
 tpu-mlir builds each tensor's |x| histogram sample by sample: the first sample sets 2048 bins over its range and
 a later, wider sample appends bins at the old step, so the bins and KL candidates depend on the sample order.
@@ -55,7 +55,7 @@ def onet_samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_onet_kl_rows_equal_tpu_mlir(real_model, onet_samples: Path) -> None:  # noqa: ANN001
     assert sorted(TPU_MLIR_ORDER) == list(range(SAMPLES))
-    model, kl = real_model("mtcnn_onet"), CalibrationOptions(method="kl")
+    model, kl = real_model("mtcnn_onet"), CalibrationOptions(method="kl", histogram="tpu-mlir")
     table = calibrate(model, [onet_samples], options=kl, jobs=1).table
     for name, expected in TPU_MLIR_KL.items():  # float32 rounding: tpu-mlir's interpreter is not onnxruntime
         assert table.entries[name].threshold == pytest.approx(expected, rel=2e-6), name

@@ -44,7 +44,14 @@ from npuc.frontends.onnx import InputShapes, import_model, pin_input_shapes
 from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration import shards
 from npuc.passes.calibration.calitable import CalibrationTable, table_from_rows
-from npuc.passes.calibration.histogram import DEFAULT_BINS, THRESHOLD_METHODS, CalibrationStats, load_stats, table_rows
+from npuc.passes.calibration.histogram import (
+    DEFAULT_BINS,
+    HISTOGRAMS,
+    THRESHOLD_METHODS,
+    CalibrationStats,
+    load_stats,
+    table_rows,
+)
 from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample, model_inputs
 from npuc.passes.calibration.refine import METHODS as REFINE_METHODS
 from npuc.passes.calibration.refine import RefineResult
@@ -77,6 +84,7 @@ class CalibrationOptions:
     refine: str = ""  # "", "bias" or "weights": refit conv / FC constants to the table (passes/calibration/refine.py)
     refine_samples: int = 100  # samples the refinement holds in memory at once, as one batch
     split_channels: int = 0  # K > 1: split per-channel runs into up to K channel groups (channel_split.py)
+    histogram: str = "global"  # the histogram geometry: "global" or tpu-mlir's sample by sample (histogram.py)
 
     def __post_init__(self) -> None:
         if self.method not in THRESHOLD_METHODS:
@@ -95,6 +103,8 @@ class CalibrationOptions:
             raise UserError(f"--refine-samples {self.refine_samples} must be between 1 and 10000")
         if self.split_channels not in (0, 1) and not 2 <= self.split_channels <= MAX_CHANNEL_GROUPS:
             raise UserError(f"--split-channels {self.split_channels} must be 0 (off) or 2..{MAX_CHANNEL_GROUPS}")
+        if self.histogram not in HISTOGRAMS:
+            raise UserError(f"--histogram {self.histogram!r} is not one of {', '.join(HISTOGRAMS)}")
 
     def fits_samples(self) -> bool:
         """Whether a step after the table fits the samples themselves (fit_to_samples)."""
@@ -216,11 +226,11 @@ def collect_ranges(
 ) -> CalibrationStats:
     """Pass 1: running min / max and per-sample absmax of every observed tensor (keyed by table name);
     `first`: the place of `files[0]` in the whole sample list (a shard's offset)."""
-    stats = CalibrationStats(bins=options.bins, first=first)
+    stats = CalibrationStats(bins=options.bins, first=first, histogram=options.histogram)
     names = plan.observed
     observe = lambda n, x: stats.observe_range(names[n], x)  # noqa: E731
     tap = tap or TensorTap(plan, options.batch)
-    sweep(tap, files, pre, observe, progress("ranges", len(files)), stats.begin_sample)
+    sweep(tap, files, pre, observe, progress("ranges", len(files)), _sample_keys(stats))
     return stats
 
 
@@ -235,12 +245,20 @@ def collect_histograms(
 ) -> CalibrationStats:
     """Pass 2: |x| histograms, each sample binned at the geometry its place in pass 1 gives (found by its key)."""
     _check_same_tensors(ranges, plan)
+    if ranges.histogram != options.histogram:
+        raise UserError(f"the range statistics were made for the {ranges.histogram} histogram, this run asks for "
+                        f"--histogram {options.histogram}; use the same --histogram in both passes")  # fmt: skip
     stats = ranges.freeze()
     names = plan.observed
     observe = lambda n, x: stats.observe_histogram(names[n], x)  # noqa: E731
     tap = tap or TensorTap(plan, options.batch)
-    sweep(tap, files, pre, observe, progress("histograms", len(files)), stats.begin_sample)
+    sweep(tap, files, pre, observe, progress("histograms", len(files)), _sample_keys(stats))
     return stats
+
+
+def _sample_keys(stats: CalibrationStats) -> Callable[[str], None] | None:
+    """tpu-mlir's histogram finds each sample's place by a key of its content; the global one needs no place."""
+    return stats.begin_sample if stats.histogram == "tpu-mlir" else None
 
 
 def _check_same_tensors(stats: CalibrationStats, plan: CalibrationPlan) -> None:
@@ -365,7 +383,8 @@ def _collect_on_workers(
             workers = executor.jobs
 
         def run(label: str, frozen: CalibrationStats | None) -> CalibrationStats:
-            jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, workers, frozen)
+            jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, workers, frozen,
+                                     options.histogram)  # fmt: skip
             return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
 
         if ranges is None:
@@ -389,7 +408,7 @@ def run_shard(job: shards.ShardJob) -> CalibrationStats:
         plan = plan_calibration(job.model_path, dict(job.input_shapes) or None)
         _SESSIONS[key] = (plan, TensorTap(plan, job.batch, threads=job.threads))
     plan, tap = _SESSIONS[key]
-    options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max")
+    options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max", histogram=job.histogram)
     files = [Path(f) for f in job.files]
     if job.ranges is None:
         return collect_ranges(plan, files, job.pre, options, no_progress, tap, first=job.first)

@@ -4,15 +4,19 @@ Two passes over the calibration samples, so that sharded runs merge exactly:
 1. range pass: running min / max (float32), element and sample counts, and each sample's absmax keyed by
    its place in the sample order (and, when the caller names samples, by a key of the sample's content);
    merging is min/max/sum and a union of the per-sample records;
-2. histogram pass: tpu-mlir's |x| histogram (quant.md §1.2), which it builds sample by sample: the first
-   sample sets `bins` bins over its range, and a later sample with a larger running absmax appends bins at
-   the old step, the old counts staying in the leading bins. Each sample is binned with the geometry
-   (range, bins) in force after it, which depends only on the ordered per-sample absmax of pass 1:
-   `freeze` computes that sequence, pass 2 bins every sample at its own geometry into the final-length
-   histogram, and shards add. Binning: exact zeros are left out (counted separately),
-   `width = range / (bins - 1)`, `index = floor(|x| / width + 0.5)` in float32; the geometry's arithmetic
-   follows tpu-mlir's numpy (float32 ranges until the first extension, float64 after). So the table equals
-   tpu-mlir's for the same samples in the same order, whatever the sharding.
+2. histogram pass: the |x| histogram over a geometry (range, bins) frozen from pass 1, one of two
+   (`HISTOGRAMS`, the stats' `histogram`):
+   - `global` (the default): one geometry for every sample, `bins` bins over the absmax of all samples; the
+     table does not depend on the sample order.
+   - `tpu-mlir`: tpu-mlir's geometry (quant.md §1.2), which it builds sample by sample: the first sample sets
+     `bins` bins over its range, and a later sample with a larger running absmax appends bins at the old step,
+     the old counts staying in the leading bins. Each sample is binned with the geometry in force after it,
+     which depends only on the ordered per-sample absmax of pass 1: `freeze` computes that sequence, pass 2
+     bins every sample at its own geometry into the final-length histogram. The geometry's arithmetic follows
+     tpu-mlir's numpy (float32 ranges until the first extension, float64 after), so the table equals
+     tpu-mlir's for the same samples in the same order.
+   Either way shards add, whatever the sharding. Binning: exact zeros are left out (counted separately),
+   `width = range / (bins - 1)`, `index = floor(|x| / width + 0.5)` in float32.
 
 Statistics save to a `.npz` written with fixed zip timestamps: the same statistics give the same bytes.
 """
@@ -36,6 +40,7 @@ MAX_BINS = 1 << 16
 TINY_SAMPLE = 1e-8  # tpu-mlir: a sample whose |x| stays below this adds nothing to the histogram
 RESET_BINS = 8_000_000  # tpu-mlir: a histogram longer than this restarts from the current sample
 KL_MAX_BINS = 64 * 2048  # tpu-mlir: longer histograms are halved (adjacent bins summed) before KL
+HISTOGRAMS = ("global", "tpu-mlir")  # the histogram geometries (module docstring)
 MIN_THRESHOLD = 1e-5  # tpu-mlir: smaller thresholds become 1e-5 ("layer is all zeros")
 FORMAT_VERSION = 2  # 2: per-sample absmax, histograms of any length
 MAX_STATS_BYTES = 1 << 31
@@ -69,7 +74,14 @@ class TensorStats:
         """Histogram bin width (float32 like tpu-mlir)."""
         if self.hist is None:
             return 0.0
-        return float(np.float32(self.hist_range / (len(self.hist) - 1)))
+        return float(bin_width(self.hist_range, len(self.hist)))
+
+
+def bin_width(top: float, bins: int) -> np.float32:
+    """`top / (bins - 1)` as tpu-mlir computes it: in float32 while the range is a float32 (a global range, or
+    one not yet extended), in float64 and then rounded once extended."""
+    t32 = np.float32(top)
+    return t32 / np.float32(bins - 1) if float(t32) == top else np.float32(top / (bins - 1))
 
 
 @dataclass
@@ -86,12 +98,15 @@ class CalibrationStats:
     bins: int = DEFAULT_BINS
     first: int = 0
     keys: dict[str, int] = field(default_factory=dict)  # sample content key -> its first sample index
+    histogram: str = "global"  # the geometry, one of HISTOGRAMS
     _current: int | None = field(default=None, repr=False, compare=False)  # histogram pass: the sample's index
     _seen: int = field(default=0, repr=False, compare=False)  # range pass: samples begun
 
     def __post_init__(self) -> None:
         if not 128 <= self.bins <= MAX_BINS:
             raise UserError(f"histogram bins {self.bins} out of range; use 128..{MAX_BINS} (tpu-mlir uses 2048)")
+        if self.histogram not in HISTOGRAMS:
+            raise UserError(f"--histogram {self.histogram!r} is not one of {', '.join(HISTOGRAMS)}")
 
     def begin_sample(self, key: str) -> None:
         """The tensors observed next belong to the sample with content key `key`."""
@@ -123,14 +138,21 @@ class CalibrationStats:
         st.samples += 1
 
     def freeze(self) -> CalibrationStats:
-        """Each tensor's histogram geometry sample by sample (tpu-mlir's); a new object ready for pass 2."""
+        """Each tensor's histogram geometry: one over the absmax (global) or sample by sample (tpu-mlir); a new
+        object ready for pass 2."""
         frozen = {}
         for name, st in self.tensors.items():
-            geometry, (top, bins) = histogram_geometry(st.peaks, self.bins)
+            if self.histogram == "global":
+                geometry, (top, bins) = {}, (st.absmax, self.bins)
+            else:
+                geometry, (top, bins) = histogram_geometry(st.peaks, self.bins)
             frozen[name] = replace(
                 st, hist_range=top, hist=np.zeros(bins, dtype=np.int64), zeros=0, geometry=geometry, binned=0
             )
-        return CalibrationStats(frozen, self.bins, self.first, dict(self.keys))
+        return self._like(frozen)
+
+    def _like(self, tensors: dict[str, TensorStats]) -> CalibrationStats:
+        return CalibrationStats(tensors, self.bins, self.first, dict(self.keys), self.histogram)
 
     def observe_histogram(self, name: str, x: np.ndarray) -> None:
         """Pass 2: add |x| of one sample, binned at that sample's geometry, to the histogram of `name`."""
@@ -139,6 +161,11 @@ class CalibrationStats:
             raise UserError(f"tensor {name!r} has no frozen range; run the range pass and freeze() first")
         index = self._current if self._current is not None else self.first + st.binned
         st.binned += 1
+        if self.histogram == "global":  # one geometry for every sample
+            counts, zeros = histogram_abs(x, st.hist_range, len(st.hist), name)
+            st.hist += counts
+            st.zeros += zeros
+            return
         a = np.asarray(x, dtype=np.float32).reshape(-1)
         zeros = int(a.size - np.count_nonzero(a))
         st.zeros += zeros
@@ -155,7 +182,7 @@ class CalibrationStats:
         th, bins = geo
         if bins == 0:  # binned before tpu-mlir's reset (too many bins): the reset discarded it
             return
-        counts, _ = histogram_abs(a, th, bins, name, width=th / (bins - 1))
+        counts, _ = histogram_abs(a, th, bins, name)
         st.hist[:bins] += counts
 
     def merge(self, other: CalibrationStats) -> CalibrationStats:
@@ -165,6 +192,9 @@ class CalibrationStats:
         from 0 (run apart, e.g. `calibrate merge` of --range-only files) take `other`'s after this one's."""
         if other.bins != self.bins:
             raise UserError(f"cannot merge statistics with {self.bins} and {other.bins} bins; use the same bin count")
+        if other.histogram != self.histogram:
+            raise UserError(f"cannot merge statistics of the {self.histogram} and the {other.histogram} histogram; "
+                            "use the same --histogram")  # fmt: skip
         shift = _shift(self, other)
         merged = self.copy().tensors
         for name, st in other.tensors.items():
@@ -173,12 +203,12 @@ class CalibrationStats:
         keys = {k: i + shift for k, i in other.keys.items()}
         for k, i in self.keys.items():
             keys[k] = min(i, keys.get(k, i))
-        return CalibrationStats(merged, self.bins, min(self.first, other.first + shift), dict(sorted(keys.items())))
+        first = min(self.first, other.first + shift)
+        return CalibrationStats(merged, self.bins, first, dict(sorted(keys.items())), self.histogram)
 
     def copy(self) -> CalibrationStats:
         """An independent copy (give each histogram-pass shard its own copy of the frozen statistics)."""
-        tensors = {name: _copy_tensor(st) for name, st in self.tensors.items()}
-        return CalibrationStats(tensors, self.bins, self.first, dict(self.keys))
+        return self._like({name: _copy_tensor(st) for name, st in self.tensors.items()})
 
 
 def _indices(stats: CalibrationStats) -> set[int]:
@@ -269,10 +299,8 @@ def _merge_tensor(name: str, a: TensorStats, b: TensorStats) -> TensorStats:
     return out
 
 
-def histogram_abs(
-    x: np.ndarray, absmax: float, bins: int, name: str = "tensor", width: float | None = None
-) -> tuple[np.ndarray, int]:
-    """tpu-mlir's |x| histogram over `bins` bins of `width` (default `absmax / (bins - 1)`): (counts int64
+def histogram_abs(x: np.ndarray, absmax: float, bins: int, name: str = "tensor") -> tuple[np.ndarray, int]:
+    """tpu-mlir's |x| histogram over `bins` bins of width `bin_width(absmax, bins)`: (counts int64
     [bins], number of exact zeros). A value rounding one bin past the end is dropped, as tpu-mlir's
     `np.histogram(range=(0, bins - 1))` drops it.
 
@@ -284,7 +312,7 @@ def histogram_abs(
     zeros = int(a.size - np.count_nonzero(a))
     if zeros == a.size:
         return np.zeros(bins, dtype=np.int64), zeros
-    w = np.float32(absmax / (bins - 1) if width is None else width)
+    w = bin_width(absmax, bins)
     if not w > 0:
         raise UserError(f"tensor {name!r}: non-zero values but a zero frozen range; rerun the range pass")
     t = np.abs(a)
@@ -363,7 +391,7 @@ def _kl(st: TensorStats, dst_bins: int = 128) -> float:
     """tpu-mlir's find_threshold: pad to a multiple of `dst_bins`; while longer than KL_MAX_BINS, sum adjacent
     bins, pad again and double the width; then the KL search."""
     _require_hist(st, "kl")
-    hist, width = _pad(st.hist, dst_bins), st.hist_range / (len(st.hist) - 1)
+    hist, width = _pad(st.hist, dst_bins), float(st.width)
     while len(hist) > KL_MAX_BINS:
         hist, width = _pad(hist[::2] + hist[1::2], dst_bins), width * 2.0
     return kl_threshold(hist, width, dst_bins)
@@ -466,6 +494,7 @@ def save_stats(stats: CalibrationStats, path: str | Path) -> None:
         "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
         "bins": np.array(stats.bins, dtype=np.int64),
         "first": np.array(stats.first, dtype=np.int64),
+        "histogram": np.array(stats.histogram, dtype=np.str_),
         "names": np.array(names, dtype=np.str_) if names else np.zeros(0, dtype="<U1"),
         "min": np.array([st.min for st in sts], dtype=np.float64),
         "max": np.array([st.max for st in sts], dtype=np.float64),
@@ -549,14 +578,17 @@ def load_stats(path: str | Path) -> CalibrationStats:
     path = Path(path)
     data = _read_npz(path)
     bad = lambda why: UserError(f"{path}: corrupt statistics file: {why}; recreate it with npuc calibrate")  # noqa: E731
-    for key in ("format_version", "bins", "first", "names", "hist", "peak_index", "peak", "key_names", "key_index",
-                *_EXPECTED):  # fmt: skip
+    for key in ("format_version", "bins", "first", "histogram", "names", "hist", "peak_index", "peak", "key_names",
+                "key_index", *_EXPECTED):  # fmt: skip
         if key not in data:
             raise bad(f"missing array {key!r}")
     if data["format_version"].shape != () or int(data["format_version"]) != FORMAT_VERSION:
         raise bad(f"format version {data['format_version']!r}, expected {FORMAT_VERSION}")
     bins = int(data["bins"]) if data["bins"].shape == () else -1
     first = int(data["first"]) if data["first"].shape == () else -1
+    geometry = str(data["histogram"]) if data["histogram"].shape == () and data["histogram"].dtype.kind == "U" else ""
+    if geometry not in HISTOGRAMS:
+        raise bad(f"histogram geometry {data['histogram']!r} is not one of {', '.join(HISTOGRAMS)}")
     names = data["names"]
     t = len(names)
     if names.ndim != 1 or names.dtype.kind != "U" or len(set(names.tolist())) != t:
@@ -601,4 +633,4 @@ def load_stats(path: str | Path) -> CalibrationStats:
         )
         tensors[name] = st
     keys = {str(k): int(v) for k, v in zip(knames.tolist(), kidx.tolist())}
-    return CalibrationStats(tensors, bins, first, keys)  # __post_init__ validates bins
+    return CalibrationStats(tensors, bins, first, keys, geometry)  # __post_init__ validates bins

@@ -13,6 +13,7 @@ stretched or letterboxed, centre crop, colour order, `(pixel - mean) * scale` on
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from npuc.passes.calibration.pictures import (
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 ARRAY_SUFFIXES = (".npz", ".npy")
 LIST_SUFFIX = ".txt"
+TPU_MLIR_SEED = 1684  # tpu-mlir's DataSelector shuffles a --dataset folder's sorted files with this seed
 MAX_SAMPLE_BYTES = arrays.MAX_ARRAY_BYTES  # one sample larger than this is a wrong file, not calibration data
 
 
@@ -175,13 +177,19 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
 # Finding the sample files
 
 
-def list_samples(data: Sequence[str | Path], limit: int | None = None) -> list[Path]:
-    """The sample files named by `data` (folders, files, .txt lists), in order; at most `limit`."""
+def list_samples(data: Sequence[str | Path], limit: int | None = None, folder_order: str = "sorted") -> list[Path]:
+    """The sample files named by `data` (folders, files, .txt lists), in order; at most `limit`. A folder's files
+    come sorted, or with `folder_order="tpu-mlir"` in the order tpu-mlir's run_calibration reads a --dataset
+    folder: sorted by path, then shuffled by Python's `random` seeded with 1684."""
     if not data:
         raise UserError("no calibration data; pass --data FOLDER (images, .npy or .npz files)")
     files: list[Path] = []
     for entry in data:
-        files += _expand(Path(entry))
+        found = _expand(Path(entry))
+        if folder_order == "tpu-mlir" and Path(entry).is_dir():
+            found = sorted(found, key=str)
+            random.Random(TPU_MLIR_SEED).shuffle(found)
+        files += found
     if limit is not None:
         if limit < 1:
             raise UserError(f"--samples {limit}: give a positive number of samples")

@@ -44,6 +44,7 @@ class ShardJob:
     ranges: CalibrationStats | None  # None: pass 1 (ranges); else pass 2 (histograms over these frozen ranges)
     threads: int
     first: int = 0  # the place of files[0] in the whole sample list: pass 1 numbers the samples from it
+    histogram: str = "global"  # the histogram geometry (passes/calibration/histogram.py)
 
 
 def default_jobs() -> int:
@@ -152,12 +153,13 @@ def shard_jobs(
     bins: int,
     workers: int,
     ranges: CalibrationStats | None,
+    histogram: str = "global",
 ) -> list[ShardJob]:
     shapes = tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
     threads = max(1, default_jobs() // workers)
     chunks = chunk_files(files, workers, batch)
     starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
     return [
-        ShardJob(str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads, start)
+        ShardJob(str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads, start, histogram)
         for chunk, start in zip(chunks, starts)
     ]
