@@ -14,9 +14,13 @@ default, KL + tune 5, on `--counts`' first count; otherwise the issue's figure, 
 
 Measured (`--counts 200 --jobs 1,2,ray`, TPU_MLIR_VENV set, 2 cores at load ~13): --jobs 1 140.6 s wall, 19.6 s
 CPU, 437 MB; --jobs 2 64.8 s (2.17x), workers 406 MB; local Ray 241.6 s; tpu-mlir 1.30.2 live 36.6 s CPU for
-the same 200 samples: npuc 10.2 samples per CPU second, tpu-mlir 5.5, so 1.9x per core. The issue's 6x rests on
-a tpu-mlir figure of 66.1 s CPU that the live run does not reproduce; npuc's floor is onnxruntime itself (two
-forward passes of ~37 ms CPU each per sample, histograms ~25% of the rest).
+the same 200 samples: npuc 10.2 samples per CPU second, tpu-mlir 5.5, so 1.9x per core. On a quiet machine
+--jobs 1 already keeps both cores busy (onnxruntime's threads): 200 samples 9.7 s wall, 18.0 s CPU; --jobs 2
+9.7 s (1.0x). `--counts 200,2000 --jobs 1`: peak RSS 437 MB at 200, 402 MB at 2000 (flat), 10.6 samples per
+CPU s at 2000. `--histogram tpu-mlir` makes one pass in one process: 200 samples 10.7-11.1 s CPU, 18-19 samples
+per CPU s, 6.0x the stored tpu-mlir figure and 4.5x tpu-mlir run live beside it (47.8 s CPU, KL + tune 5, on a
+busy machine). npuc's floor is onnxruntime itself (a forward pass of ~37 ms CPU per sample; the default
+global histogram needs two, histograms ~25% of the rest).
 """
 
 from __future__ import annotations
@@ -56,11 +60,11 @@ def make_samples(folder: Path, count: int, shape: tuple[int, ...]) -> None:
         np.savez(folder / f"{i:04d}.npz", input=x)
 
 
-def run_one(model: Path, data: Path, count: int, method: str, batch: int, jobs: str) -> dict:
+def run_one(model: Path, data: Path, count: int, method: str, batch: int, jobs: str, histogram: str) -> dict:
     """Calibrate in this process (and its workers, or a local Ray cluster); samples/s, CPU and peak RSS."""
     from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
 
-    options = CalibrationOptions(method=method, batch=batch)
+    options = CalibrationOptions(method=method, batch=batch, histogram=histogram)
     if jobs == "ray":
         import ray
         from ray.cluster_utils import Cluster
@@ -115,6 +119,7 @@ def _cell(value: object) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", default="kl")
+    parser.add_argument("--histogram", default="global", help="global, or tpu-mlir (one pass with --jobs 1)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--counts", default="200,2000")
     parser.add_argument("--jobs", default="1,2,ray", help="comma-separated worker counts; 'ray': a local cluster")
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         model, data, count, jobs = args.child
-        print(json.dumps(run_one(Path(model), Path(data), int(count), args.method, args.batch, jobs)))
+        print(json.dumps(run_one(Path(model), Path(data), int(count), args.method, args.batch, jobs, args.histogram)))
         return 0
 
     from npuc.models.make_models import make_all
@@ -132,13 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         model = make_all(tmp, [MODEL])[MODEL]
         data = Path(tmp) / "samples"
         make_samples(data, max(counts), (1, 3, 224, 224))
-        print(f"model {MODEL} (generated), method {args.method}, batch {args.batch}")
+        print(f"model {MODEL} (generated), method {args.method}, batch {args.batch}, histogram {args.histogram}")
         print(f"{'samples':>8} {'jobs':>5} {'seconds':>8} {'CPU s':>8} {'samples/s':>10} {'peak RSS MB':>12} "
               f"{'worker MB':>10}")  # fmt: skip
         results: dict[tuple[int, str], dict] = {}
         for count in counts:
             for jobs in args.jobs.split(","):
-                child = [sys.executable, __file__, "--method", args.method, "--batch", str(args.batch)]
+                child = [sys.executable, __file__, "--method", args.method, "--batch", str(args.batch),
+                         "--histogram", args.histogram]  # fmt: skip
                 out = subprocess.run(
                     [*child, "--child", str(model), str(data), str(count), jobs],
                     capture_output=True, text=True, check=True,

@@ -94,13 +94,13 @@ def test_tpu_mlir_histogram_reads_the_folder_in_tpu_mlir_order() -> None:
     assert [p.stem for p in list_samples([SAMPLES], folder_order="tpu-mlir")] == TPU_MLIR_ORDER
 
 
-@pytest.mark.parametrize("tune", [0, 5])
-def test_tpu_mlir_histogram_gives_tpu_mlir_table(tune: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("tune", "jobs"), [(0, 1), (0, 2), (5, 1)])
+def test_tpu_mlir_histogram_gives_tpu_mlir_table(tune: int, jobs: int, tmp_path: Path) -> None:
     """KL over tpu-mlir's sample-by-sample histogram, in its sample order: every row tune left alone is
     tpu-mlir's to float32 rounding (relu_34 and relu_38 are 6.695 and 7.072, which its tune raised); with tune
-    on its first 5 samples every row is tpu-mlir's."""
+    on its first 5 samples every row is tpu-mlir's. One process makes one pass, two workers two: same table."""
     out = tmp_path / "t.txt"
-    args = ["--histogram", "tpu-mlir", "--method", "kl", "--tune", str(tune)]
+    args = ["--histogram", "tpu-mlir", "--method", "kl", "--tune", str(tune), "--jobs", str(jobs)]
     run = npuc("calibrate", str(MODEL), "--data", str(SAMPLES), *args, "-o", str(out))
     assert run.returncode == 0, run.stderr
     ours, vendor = read_table(out), read_table(VENDOR_TABLE)

@@ -85,6 +85,30 @@ def test_shard_order_never_matters_sample_order_only_for_tpu_mlir(histogram: str
         assert len(widening.hist) > len(reverse.hist) == 2048
 
 
+def test_one_pass_equals_two_passes_for_tpu_mlir_histogram():
+    """observe_growing (one pass, as tpu-mlir works) gives the two-pass statistics exactly: growth, an all-zero
+    sample, a tiny one and a restart (more than 8M bins) included."""
+    samples = _samples()
+    samples.insert(3, {k: np.zeros_like(v) for k, v in samples[0].items()})
+    samples.insert(5, {k: v * np.float32(1e-10) for k, v in samples[1].items()})
+    samples.insert(7, {k: v * np.float32(1e6) for k, v in samples[2].items()})  # restarts every histogram
+    with pytest.warns(UserWarning, match="restarts"):
+        two = _run(samples, hg.CalibrationStats(histogram="tpu-mlir"))
+    one = hg.CalibrationStats(histogram="tpu-mlir")
+    with pytest.warns(UserWarning, match="restarts"):
+        for s in samples:
+            for name, x in s.items():
+                one.observe_growing(name, x)
+    one = one.finish_growing()
+    for name, st in two.tensors.items():
+        got = one.tensors[name]
+        assert np.array_equal(got.hist, st.hist) and got.hist_range == st.hist_range, name
+        assert (got.zeros, got.binned, got.peaks, got.min, got.max) == (st.zeros, st.binned, st.peaks, st.min, st.max)
+    assert hg.table_rows(one, "kl") == hg.table_rows(two, "kl")
+    with pytest.raises(UserError, match="needs the ranges first"):
+        hg.CalibrationStats().observe_growing("conv", samples[0]["conv"])
+
+
 def test_statistics_of_two_geometries_do_not_merge():
     samples = _samples(2)
     a = _run(samples, hg.CalibrationStats(), phase="range")

@@ -13,10 +13,12 @@ output gives the output's name with the real producer's type (`output_Gemm`); gr
 
 Two streaming passes (passes/calibration/histogram.py): ranges, freeze, histograms, on one onnxruntime session
 (passes/calibration/tap.py). Samples are loaded one batch at a time (the next batch runs while the current one
-is folded in); per sample only each tensor's absmax is kept (pass 1), which fixes tpu-mlir's sample-by-sample
-histogram geometry for pass 2 (kl, percentile and mse all read that histogram). Sharded runs:
-pass 1 per shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table
-is then byte-identical to a single run's.
+is folded in); per sample only each tensor's absmax is kept. The default `global` histogram bins every sample
+over the absmax of all of them (pass 1 gives it); `histogram="tpu-mlir"` follows tpu-mlir's sample-by-sample
+geometry, which pass 1's per-sample absmax fixes for pass 2 — or, in one process, a single pass that grows the
+histogram as tpu-mlir does (the same statistics, half the model runs). Sharded runs: pass 1 per shard with
+`range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table is then byte-identical
+to a single run's.
 
 `CalibrationOptions.tune` > 0 adds tpu-mlir's tune step after KL (passes/calibration/tune.py) on the first N samples;
 it needs the samples, so a merged table (`calibrate merge`) is never tuned. `CalibrationOptions.refine`
@@ -356,8 +358,14 @@ def _collect_here(
     histograms: bool,
     progress: Progress,
 ) -> CalibrationStats:
-    """Both passes in this process, on one onnxruntime session."""
+    """Both passes in this process, on one onnxruntime session; tpu-mlir's histogram needs only one."""
     tap = TensorTap(plan, options.batch)
+    if ranges is None and histograms and options.histogram == "tpu-mlir":
+        stats = CalibrationStats(bins=options.bins, histogram=options.histogram)
+        names = plan.observed
+        observe = lambda n, x: stats.observe_growing(names[n], x)  # noqa: E731
+        sweep(tap, files, pre, observe, progress("statistics", len(files)))  # samples in order: no keys
+        return stats.finish_growing()
     if ranges is None:
         ranges = collect_ranges(plan, files, pre, options, progress, tap)
     return collect_histograms(plan, files, pre, options, ranges, progress, tap) if histograms else ranges

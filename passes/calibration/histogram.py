@@ -101,6 +101,7 @@ class CalibrationStats:
     histogram: str = "global"  # the geometry, one of HISTOGRAMS
     _current: int | None = field(default=None, repr=False, compare=False)  # histogram pass: the sample's index
     _seen: int = field(default=0, repr=False, compare=False)  # range pass: samples begun
+    _growing: dict[str, tuple[GrowingRange, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 128 <= self.bins <= MAX_BINS:
@@ -153,6 +154,39 @@ class CalibrationStats:
 
     def _like(self, tensors: dict[str, TensorStats]) -> CalibrationStats:
         return CalibrationStats(tensors, self.bins, self.first, dict(self.keys), self.histogram)
+
+    def observe_growing(self, name: str, x: np.ndarray) -> None:
+        """Both passes at once for tpu-mlir's histogram, as tpu-mlir itself works: the range pass's records, then
+        |x| binned at the geometry this sample leaves into a histogram that grows with it. `finish_growing`
+        after the last sample gives what `observe_range`, `freeze` and `observe_histogram` give."""
+        if self.histogram != "tpu-mlir":
+            raise UserError("one-pass statistics need tpu-mlir's histogram; the global one needs the ranges first")
+        self.observe_range(name, x)
+        st = self.tensors[name]
+        peak = st.peaks[self._current if self._current is not None else self.first + st.samples - 1]
+        grow, hist = self._growing.get(name) or (GrowingRange(self.bins), np.zeros(0, np.int64))
+        if grow.add(peak):
+            hist = np.zeros(0, np.int64)
+        a = np.asarray(x, dtype=np.float32).reshape(-1)
+        st.zeros += int(a.size - np.count_nonzero(a))
+        st.binned += 1
+        if peak >= TINY_SAMPLE:  # (an all-zero sample's peak is 0)
+            counts, _ = histogram_abs(a, grow.top, grow.n, name)
+            if len(hist) < grow.n:  # the range grew: bins appended, the old counts stay in the leading ones
+                hist = np.concatenate([hist, np.zeros(grow.n - len(hist), np.int64)])
+            hist += counts
+        self._growing[name] = (grow, hist)
+
+    def finish_growing(self) -> CalibrationStats:
+        """The statistics `observe_growing` gathered, as a finished histogram pass."""
+        tensors = {}
+        for name, st in self.tensors.items():
+            grow, hist = self._growing[name]
+            top, bins = grow.final
+            full = np.zeros(bins, np.int64)
+            full[: len(hist)] = hist
+            tensors[name] = replace(st, hist_range=top, hist=full)
+        return self._like(tensors)
 
     def observe_histogram(self, name: str, x: np.ndarray) -> None:
         """Pass 2: add |x| of one sample, binned at that sample's geometry, to the histogram of `name`."""
@@ -229,44 +263,60 @@ def _shifted(st: TensorStats, shift: int) -> TensorStats:
     return st if not shift else replace(st, peaks={i + shift: p for i, p in st.peaks.items()})
 
 
-def histogram_geometry(peaks: Mapping[int, float], bins: int) -> tuple[dict[int, tuple[float, int]], tuple[float, int]]:
-    """tpu-mlir's histogram geometry after each sample (quant.md §1.2, `combine_histogram`), from the samples'
-    absmax in sample order: (sample index -> (range, bins), the final (range, bins)). A sample with absmax
-    below 1e-8 adds nothing (it only moves the running absmax); bins 0: the sample was discarded by a reset.
+@dataclass
+class GrowingRange:
+    """tpu-mlir's histogram geometry as the samples arrive (quant.md §1.2, `combine_histogram`). The arithmetic
+    is tpu-mlir's under numpy 1.x: the range is a float32 until the first extension (the extension's
+    `new - old` then in float32), float64 after; the step is `range / bins`, the new bin count
+    `bins + int((new - old) // step + 1)`, the new range `added * step + old`. A sample with absmax below 1e-8
+    only moves the running absmax; more than 8,000,000 bins restart the histogram from the current sample."""
 
-    The arithmetic is tpu-mlir's under numpy 1.x: the range is a float32 until the first extension (the
-    extension's `new - old` then in float32), float64 after; the step is `range / bins`, the new bin count
-    `bins + int((new - old) // step + 1)`, the new range `added * step + old`. More than 8,000,000 bins
-    restart the histogram from the current sample alone."""
-    geometry: dict[int, tuple[float, int]] = {}
-    running = np.float32(0.0)
-    th: float | None = None
-    is_f32 = True
-    n = 0
-    for index in sorted(peaks):
-        peak = np.float32(peaks[index])
-        running = max(running, peak)
+    bins: int
+    running: np.float32 = np.float32(0.0)
+    top: float | None = None  # the histogram's range; None until a sample is binned
+    n: int = 0  # its bins
+    is_f32: bool = True
+
+    def add(self, peak: float) -> bool:
+        """Take the next sample's absmax; True when the histogram restarts (the earlier counts are dropped)."""
+        peak = np.float32(peak)
+        self.running = max(self.running, peak)
         if peak < TINY_SAMPLE:
-            geometry[index] = (th or 0.0, 0)
-            continue
-        if th is None:
-            th, n, is_f32 = float(running), bins, True
-        elif float(running) > th:
-            step = th / n
-            diff = float(running - np.float32(th)) if is_f32 else float(running) - th
-            added = int(np.float64(diff) // np.float64(step) + 1)
-            if n + added > RESET_BINS:
-                message = "calibration samples differ too much in range; the histogram restarts (as tpu-mlir's does)"
-                warnings.warn(f"{message}: reorder or replace the samples", UserWarning, stacklevel=2)
-                for i in geometry:
-                    geometry[i] = (geometry[i][0], 0)
-                th, n, is_f32 = float(running), bins, True
-            else:
-                th, n, is_f32 = added * step + th, n + added, False
-        geometry[index] = (th, n)
-    if th is None:  # no sample with a histogram: an empty one over the observed range
-        return geometry, (float(running), bins)
-    return geometry, (th, n)
+            return False
+        if self.top is None:
+            self.top, self.n, self.is_f32 = float(self.running), self.bins, True
+            return False
+        if float(self.running) <= self.top:
+            return False
+        step = self.top / self.n
+        diff = float(self.running - np.float32(self.top)) if self.is_f32 else float(self.running) - self.top
+        added = int(np.float64(diff) // np.float64(step) + 1)
+        if self.n + added > RESET_BINS:
+            message = "calibration samples differ too much in range; the histogram restarts (as tpu-mlir's does)"
+            warnings.warn(f"{message}: reorder or replace the samples", UserWarning, stacklevel=3)
+            self.top, self.n, self.is_f32 = float(self.running), self.bins, True
+            return True
+        self.top, self.n, self.is_f32 = added * step + self.top, self.n + added, False
+        return False
+
+    @property
+    def final(self) -> tuple[float, int]:
+        """(range, bins) after the last sample; with no sample binned, `bins` over the running absmax."""
+        return (float(self.running), self.bins) if self.top is None else (self.top, self.n)
+
+
+def histogram_geometry(peaks: Mapping[int, float], bins: int) -> tuple[dict[int, tuple[float, int]], tuple[float, int]]:
+    """tpu-mlir's histogram geometry after each sample (GrowingRange), from the samples' absmax in sample order:
+    (sample index -> (range, bins), the final (range, bins)). Bins 0: the sample adds nothing (its |x| is
+    below 1e-8, or a restart discarded it)."""
+    geometry: dict[int, tuple[float, int]] = {}
+    grow = GrowingRange(bins)
+    for index in sorted(peaks):
+        if grow.add(peaks[index]):
+            geometry = {i: (g[0], 0) for i, g in geometry.items()}
+        tiny = np.float32(peaks[index]) < TINY_SAMPLE
+        geometry[index] = (grow.top or 0.0, 0) if tiny else (grow.top, grow.n)
+    return geometry, grow.final
 
 
 def _copy_tensor(st: TensorStats) -> TensorStats:
