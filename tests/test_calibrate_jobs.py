@@ -67,6 +67,24 @@ def test_jobs_out_of_range_is_a_user_error(tmp_path: Path, workload: tuple[Path,
     assert run.returncode == 2 and "--jobs 0 must be between 1 and 1024" in run.stderr
 
 
+def test_an_unguarded_script_gets_one_clear_error(tmp_path: Path, workload: tuple[Path, Path]) -> None:
+    """Spawned workers re-run a script's top level; without the `__main__` guard they cannot start, and the
+    caller gets a UserError saying so, not a BrokenProcessPool."""
+    model, data = workload
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import npuc\n"
+        f"npuc.calibrate({str(model)!r}, [{str(data)!r}], {str(tmp_path / 't.txt')!r}, method='kl', jobs=2)\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert (
+        last.startswith("npuc.compiler.errors.UserError: a calibration worker process stopped") and "--jobs 1" in last
+    )
+    assert not (tmp_path / "t.txt").exists()
+
+
 def test_ray_without_the_extra_names_the_install(tmp_path: Path, workload: tuple[Path, Path]) -> None:
     model, data = workload
     blocker = tmp_path / "noray"

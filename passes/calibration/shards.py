@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -85,9 +86,16 @@ class LocalProcesses:
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
 
     def map(self, task: Task, jobs: Sequence[ShardJob]) -> Iterator[tuple[int, CalibrationStats]]:
-        futures = {self.pool.submit(task, job): k for k, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
+        try:
+            futures = {self.pool.submit(task, job): k for k, job in enumerate(jobs)}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+        except BrokenProcessPool:
+            raise UserError(
+                "a calibration worker process stopped (killed, out of memory, or started from a Python script "
+                'whose code is not under `if __name__ == "__main__":`, which spawned workers need); guard the '
+                "script, or calibrate in one process with --jobs 1 (jobs=1)"
+            ) from None
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
