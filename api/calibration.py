@@ -90,10 +90,11 @@ def calibrate(
     from npuc.passes.calibration import calibration_run as steps
     from npuc.passes.calibration.calitable import write_table
     from npuc.passes.calibration.compare import DEFAULT_MAX_FLOAT_LAYERS
-    from npuc.passes.calibration.histogram import DEFAULT_BINS, load_stats
-    from npuc.passes.calibration.histogram import save_stats as write_stats
+    from npuc.passes.calibration.histogram import DEFAULT_BINS
     from npuc.passes.calibration.preprocess import IMAGE_SUFFIXES, Preprocess, list_samples, screen_samples
     from npuc.passes.calibration.refinement import Refinement, save_refinement, side_file
+    from npuc.passes.calibration.stats_file import load_stats
+    from npuc.passes.calibration.stats_file import save_stats as write_stats
 
     model = Path(model)
     output, save_stats, bmnet = (Path(p) if p is not None else None for p in (output, save_stats, bmnet))
@@ -228,7 +229,7 @@ def merge_calibration(
     Returns the table (None when only statistics are written)."""
     from npuc.passes.calibration.calibrate import CalibrationOptions, merge_stats_files, stats_to_table
     from npuc.passes.calibration.calitable import write_table
-    from npuc.passes.calibration.histogram import save_stats as write_stats
+    from npuc.passes.calibration.stats_file import save_stats as write_stats
 
     output, save_stats = (Path(p) if p is not None else None for p in (output, save_stats))
     if output is None and save_stats is None:

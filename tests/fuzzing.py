@@ -35,6 +35,7 @@ def make_seeds(folder: Path) -> dict[str, Path]:
         np.savez(data / f"{i}.npz", input=rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
     table = folder / "tinycnn.cali_table"
     npuc.calibrate(model, [data], table, bmnet=folder / "tinycnn_bmnet.prototxt")
+    npuc.calibrate(model, [data], method="kl", histogram="tpu-mlir", save_stats=folder / "stats.npz")
     (folder / "q.qtable").write_text("# op_name   quantize_mode\nrelu_9 BF16\n")
     (folder / "cfg.yaml").write_text(
         "model_parameters:\n  onnx_model: tinycnn.onnx\n  march: bernoulli2\n  output_model_file_prefix: m\n"
@@ -68,6 +69,7 @@ def make_seeds(folder: Path) -> dict[str, Path]:
         "bmnet_table": folder / "tinycnn_bmnet.prototxt",
         "qtable": folder / "q.qtable",
         "npz": data / "0.npz",
+        "stats": folder / "stats.npz",
         "lyngor": folder / "lyngor",
         "dmp": folder / "dmp",
         "hb_yaml": folder / "cfg.yaml",
@@ -191,6 +193,16 @@ def _read_npz(path: Path) -> None:
     load_arrays(path)
 
 
+def _read_stats(path: Path) -> None:
+    """Calibration statistics (--save-stats): read, then every threshold method over them."""
+    from npuc.passes.calibration.stats_file import load_stats
+    from npuc.passes.calibration.threshold_methods import THRESHOLD_METHODS, table_rows
+
+    stats = load_stats(path)
+    for method in THRESHOLD_METHODS:
+        table_rows(stats, method)
+
+
 def _run_bmodel_zeros(path: Path) -> None:
     """A bmodel from another tool: inspect it, then run its first command on zeros of its own input shape."""
     import npuc
@@ -238,6 +250,7 @@ FORMATS: dict[str, tuple[str, Callable[[Path], None]]] = {  # kind -> (seed, rea
     "bmnet_table": ("bmnet_table", _read_bmnet),
     "qtable": ("qtable", _read_qtable),
     "npz": ("npz", _read_npz),
+    "stats": ("stats", _read_stats),
     "lyngor": ("lyngor", _inspect_and_run),
     "lyngor_program": ("lyngor", _inspect_and_run),
     "dmp": ("dmp", _inspect_and_run),

@@ -12,6 +12,8 @@ from golden import GOLDEN_ROOT
 from npuc.compiler.errors import UserError
 from npuc.passes.calibration import calitable as ct
 from npuc.passes.calibration import histogram as hg
+from npuc.passes.calibration import stats_file as sf
+from npuc.passes.calibration import threshold_methods as tm
 
 GOLDEN = GOLDEN_ROOT
 RNG = np.random.default_rng(7)
@@ -51,18 +53,18 @@ def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
     shard_b = _run(b, later, phase="hist")
     merged = shard_a.merge(shard_b)
     assert frozen.tensors["conv"].hist.sum() == 0  # shards never wrote into the shared frozen copy
-    hg.save_stats(single, tmp_path / "single.npz")
-    hg.save_stats(merged, tmp_path / "merged.npz")
+    sf.save_stats(single, tmp_path / "single.npz")
+    sf.save_stats(merged, tmp_path / "merged.npz")
     # merge the saved shard files too, as a sharded CLI run would
-    hg.save_stats(shard_a, tmp_path / "a.npz")
-    hg.save_stats(shard_b, tmp_path / "b.npz")
-    from_files = hg.load_stats(tmp_path / "a.npz").merge(hg.load_stats(tmp_path / "b.npz"))
-    hg.save_stats(from_files, tmp_path / "files.npz")
+    sf.save_stats(shard_a, tmp_path / "a.npz")
+    sf.save_stats(shard_b, tmp_path / "b.npz")
+    from_files = sf.load_stats(tmp_path / "a.npz").merge(sf.load_stats(tmp_path / "b.npz"))
+    sf.save_stats(from_files, tmp_path / "files.npz")
     ref = (tmp_path / "single.npz").read_bytes()
     assert (tmp_path / "merged.npz").read_bytes() == ref
     assert (tmp_path / "files.npz").read_bytes() == ref
-    for method in hg.THRESHOLD_METHODS:
-        assert hg.table_rows(merged, method) == hg.table_rows(single, method)
+    for method in tm.THRESHOLD_METHODS:
+        assert tm.table_rows(merged, method) == tm.table_rows(single, method)
     st = single.tensors["conv"]
     assert st.numel == 12 * 256 and st.samples == 12 and int(st.hist.sum()) + st.zeros == 12 * 256
 
@@ -75,7 +77,7 @@ def test_shard_order_never_matters_sample_order_only_for_tpu_mlir(histogram: str
     ranges = _run(samples[6:], late, phase="range").merge(_run(samples[:6], fresh(), phase="range"))
     assert sorted(ranges.tensors["conv"].peaks) == list(range(12))
     single = _run(samples, fresh())
-    assert hg.table_rows(_run(samples, ranges.freeze(), phase="hist"), "kl") == hg.table_rows(single, "kl")
+    assert tm.table_rows(_run(samples, ranges.freeze(), phase="hist"), "kl") == tm.table_rows(single, "kl")
     widening = single.tensors["conv"]  # sample i has sigma 1 + 0.3 i: the range keeps growing
     reverse = _run(samples[::-1], fresh()).tensors["conv"]
     assert widening.absmax == reverse.absmax and widening.hist.sum() == reverse.hist.sum()
@@ -104,7 +106,7 @@ def test_one_pass_equals_two_passes_for_tpu_mlir_histogram():
         got = one.tensors[name]
         assert np.array_equal(got.hist, st.hist) and got.hist_range == st.hist_range, name
         assert (got.zeros, got.binned, got.peaks, got.min, got.max) == (st.zeros, st.binned, st.peaks, st.min, st.max)
-    assert hg.table_rows(one, "kl") == hg.table_rows(two, "kl")
+    assert tm.table_rows(one, "kl") == tm.table_rows(two, "kl")
     with pytest.raises(UserError, match="needs the ranges first"):
         hg.CalibrationStats().observe_growing("conv", samples[0]["conv"])
 
@@ -178,7 +180,7 @@ def test_kl_vectorized_equals_reference(kind):
         "sparse": lambda: RNG.normal(0, 1, 300),
     }[kind]().astype(np.float32)
     hist, _ = hg.histogram_abs(x, np.abs(x).max(), 2048)
-    got = hg.kl_divergences(hist)
+    got = tm.kl_divergences(hist)
     ref = _kl_reference(hist)
     assert got.shape == (16,)
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
@@ -188,8 +190,8 @@ def test_kl_vectorized_equals_reference(kind):
 def test_kl_pads_to_multiple_of_dst_bins():
     hist = RNG.integers(0, 50, 1000)
     padded = np.concatenate([hist, np.zeros(24, dtype=hist.dtype)])
-    np.testing.assert_allclose(hg.kl_divergences(hist), _kl_reference(padded), rtol=1e-9)
-    assert hg.kl_threshold(np.zeros(2048, np.int64), 0.1) == 0.0
+    np.testing.assert_allclose(tm.kl_divergences(hist), _kl_reference(padded), rtol=1e-9)
+    assert tm.kl_threshold(np.zeros(2048, np.int64), 0.1) == 0.0
 
 
 def _single_tensor(x: np.ndarray) -> hg.TensorStats:
@@ -204,27 +206,27 @@ def test_threshold_methods_on_gaussian_and_laplacian():
     rng = np.random.default_rng(11)  # its own generator: the figures must not depend on which tests ran first
     g = _single_tensor(rng.normal(0, 1, 1_000_000).astype(np.float32))
     lap = _single_tensor(rng.laplace(0, 1, 1_000_000).astype(np.float32))
-    assert hg.compute_threshold(g, "max") == g.absmax
+    assert tm.compute_threshold(g, "max") == g.absmax
     # KL: a multiple of 128 bins, inside (3 sigma, absmax]
-    kl_g = hg.compute_threshold(g, "kl")
+    kl_g = tm.compute_threshold(g, "kl")
     assert 3.0 < kl_g <= g.absmax
-    kl_l = hg.compute_threshold(lap, "kl")
+    kl_l = tm.compute_threshold(lap, "kl")
     assert 6.0 < kl_l < 0.95 * lap.absmax  # heavy tail gets clipped
     assert kl_l == pytest.approx(lap.width * 128 * round(kl_l / (lap.width * 128)), rel=1e-6)
     # MSE: the known optimal 8-bit clipping (ACIQ: 3.92 sigma for Gauss, 9.90 b for Laplace)
-    assert 3.7 < hg.compute_threshold(g, "mse") < 4.2
-    assert 9.0 < hg.compute_threshold(lap, "mse") < 11.0
+    assert 3.7 < tm.compute_threshold(g, "mse") < 4.2
+    assert 9.0 < tm.compute_threshold(lap, "mse") < 11.0
     # percentile of |x|: Gaussian 99.99% two-sided quantile is 3.8906
-    assert hg.compute_threshold(g, "percentile", percentile=99.99) == pytest.approx(3.8906, abs=0.03)
-    assert hg.compute_threshold(g, "percentile", percentile=50) == pytest.approx(0.6745, abs=0.01)
+    assert tm.compute_threshold(g, "percentile", percentile=99.99) == pytest.approx(3.8906, abs=0.03)
+    assert tm.compute_threshold(g, "percentile", percentile=50) == pytest.approx(0.6745, abs=0.01)
 
 
 def test_percentile_counts_zeros_and_uniform_edges():
     u = _single_tensor(np.linspace(0, 1, 100_001, dtype=np.float32))
-    assert hg.compute_threshold(u, "percentile", percentile=99.99) == pytest.approx(0.9999, abs=2 * u.width)
+    assert tm.compute_threshold(u, "percentile", percentile=99.99) == pytest.approx(0.9999, abs=2 * u.width)
     half_zero = _single_tensor(np.concatenate([np.zeros(1000), np.ones(1000)]).astype(np.float32))
     assert half_zero.zeros == 1000
-    assert hg.compute_threshold(half_zero, "percentile", percentile=40) == hg.MIN_THRESHOLD
+    assert tm.compute_threshold(half_zero, "percentile", percentile=40) == tm.MIN_THRESHOLD
 
 
 def test_degenerate_tensors_and_table_rows():
@@ -236,7 +238,7 @@ def test_degenerate_tensors_and_table_rows():
     for _ in range(2):
         stats.observe_histogram("zero", np.zeros(8, np.float32))
         stats.observe_histogram("relu", np.array([0.0, 1.0, 3.0], np.float32))
-    rows = hg.table_rows(stats, "kl")
+    rows = tm.table_rows(stats, "kl")
     assert rows["zero"] == (1e-5, 0.0, 1e-5)
     assert rows["relu"] == (3.0, 0.0, 3.0)
     table = ct.table_from_rows(rows, method="kl", sample_number=2)
@@ -255,7 +257,7 @@ def test_golden_smallcnn_input_statistics():
     for x in xs:
         stats.observe_histogram("input", x)
     golden_rows = (GOLDEN / "cv18xx" / "smallcnn_cali_table.txt").read_text().splitlines()
-    ours = ct.format_table(ct.table_from_rows(hg.table_rows(stats, "kl"))).splitlines()
+    ours = ct.format_table(ct.table_from_rows(tm.table_rows(stats, "kl"))).splitlines()
     assert ours[-1] == golden_rows[10] == "input 4.7247663 -4.7247663 4.4531603"
     assert f"{stats.tensors['input'].min:.7f} {stats.tensors['input'].max:.7f}" == "-4.7247663 4.4531603"
 
@@ -266,7 +268,7 @@ def test_user_errors(tmp_path):
     with pytest.raises(UserError, match="no frozen range"):
         stats.observe_histogram("a", np.ones(4))
     with pytest.raises(UserError, match="needs the histogram pass"):
-        hg.compute_threshold(stats.tensors["a"], "kl")
+        tm.compute_threshold(stats.tensors["a"], "kl")
     with pytest.raises(UserError, match="NaN or Inf"):
         stats.observe_range("a", np.array([np.nan], np.float32))
     frozen = stats.freeze()
@@ -275,11 +277,11 @@ def test_user_errors(tmp_path):
     with pytest.raises(UserError, match="range pass after freeze"):
         frozen.observe_range("a", np.ones(4))
     with pytest.raises(UserError, match="unknown calibration method 'entropy'"):
-        hg.compute_threshold(frozen.tensors["a"], "entropy")
+        tm.compute_threshold(frozen.tensors["a"], "entropy")
     with pytest.raises(UserError, match="does not take parameters"):
-        hg.compute_threshold(frozen.tensors["a"], "max", percentile=3)
+        tm.compute_threshold(frozen.tensors["a"], "max", percentile=3)
     with pytest.raises(UserError, match="percentile 0"):
-        hg.compute_threshold(frozen.tensors["a"], "percentile", percentile=0)
+        tm.compute_threshold(frozen.tensors["a"], "percentile", percentile=0)
     with pytest.raises(UserError, match="bins"):
         hg.CalibrationStats(bins=16)
     with pytest.raises(UserError, match="range-pass shard with a histogram-pass shard"):
@@ -293,7 +295,7 @@ def test_user_errors(tmp_path):
 def test_corrupt_statistics_files(tmp_path):
     stats = _run(_samples(2))
     good = tmp_path / "good.npz"
-    hg.save_stats(stats, good)
+    sf.save_stats(stats, good)
     data = good.read_bytes()
     cases = {
         "truncated.npz": data[: len(data) // 2],
@@ -303,7 +305,7 @@ def test_corrupt_statistics_files(tmp_path):
     for name, blob in cases.items():
         (tmp_path / name).write_bytes(blob)
         with pytest.raises(UserError, match="not a npuc statistics"):
-            hg.load_stats(tmp_path / name)
+            sf.load_stats(tmp_path / name)
     # a member whose header claims a huge array must not be allocated
     liar = tmp_path / "liar.npz"
     with zipfile.ZipFile(good) as src, zipfile.ZipFile(liar, "w") as dst:
@@ -315,15 +317,15 @@ def test_corrupt_statistics_files(tmp_path):
                 assert b"9999999" in blob
             dst.writestr(info, blob)
     with pytest.raises(UserError, match="size does not match"):
-        hg.load_stats(liar)
+        sf.load_stats(liar)
     # well-formed zip, wrong contents
     wrong = tmp_path / "wrong.npz"
     np.savez(wrong, names=np.array(["a"]), bins=np.array(2048))
     with pytest.raises(UserError, match="corrupt statistics file: missing array"):
-        hg.load_stats(wrong)
+        sf.load_stats(wrong)
     with pytest.raises(UserError, match="cannot read statistics"):
-        hg.load_stats(tmp_path / "missing.npz")
-    assert hg.table_rows(hg.load_stats(good), "mse") == hg.table_rows(stats, "mse")
+        sf.load_stats(tmp_path / "missing.npz")
+    assert tm.table_rows(sf.load_stats(good), "mse") == tm.table_rows(stats, "mse")
 
 
 def test_kl_threshold_of_a_range_near_float32_max_stays_finite() -> None:
@@ -331,7 +333,7 @@ def test_kl_threshold_of_a_range_near_float32_max_stays_finite() -> None:
     float32's largest value instead (no warning, no inf row in the table)."""
     import warnings
 
-    from npuc.passes.calibration.histogram import kl_threshold
+    from npuc.passes.calibration.threshold_methods import kl_threshold
 
     hist = np.zeros(2048)
     hist[-1] = 10.0

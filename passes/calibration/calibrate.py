@@ -46,19 +46,14 @@ from npuc.frontends.onnx import InputShapes, import_model, pin_input_shapes
 from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration import shards
 from npuc.passes.calibration.calitable import CalibrationTable, table_from_rows
-from npuc.passes.calibration.histogram import (
-    DEFAULT_BINS,
-    HISTOGRAMS,
-    THRESHOLD_METHODS,
-    CalibrationStats,
-    load_stats,
-    table_rows,
-)
+from npuc.passes.calibration.histogram import DEFAULT_BINS, HISTOGRAMS, CalibrationStats
 from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample, model_inputs
 from npuc.passes.calibration.refine import METHODS as REFINE_METHODS
 from npuc.passes.calibration.refine import RefineResult
 from npuc.passes.calibration.refinement import refine_for_table, split_for_table
+from npuc.passes.calibration.stats_file import load_stats
 from npuc.passes.calibration.tap import CalibrationPlan, TensorTap, sweep
+from npuc.passes.calibration.threshold_methods import THRESHOLD_METHODS, table_rows
 from npuc.passes.calibration.tune import tune_table
 from npuc.passes.rewrite.canonicalize import canonicalize
 

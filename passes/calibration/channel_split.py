@@ -15,7 +15,8 @@ output, or a run ending anywhere but a channel-mixing conv (global pool, channel
 reshape). `find_runs` says which were taken and why the others were skipped.
 
 `channel_peaks` (per-channel max |x| over a float run) feeds the grouping; `kl_thresholds` calibrates the new
-tensors with the same KL method as the table (passes/calibration/histogram.py), from a float run of the rewritten graph.
+tensors with the same KL method as the table (passes/calibration/threshold_methods.py), from a float run of the
+rewritten graph.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from npuc.compiler import ops
 from npuc.compiler.errors import UserError
 from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op
-from npuc.passes.calibration.histogram import DEFAULT_BINS, MIN_THRESHOLD, CalibrationStats, compute_threshold
+from npuc.passes.calibration.histogram import DEFAULT_BINS, CalibrationStats
+from npuc.passes.calibration.threshold_methods import MIN_THRESHOLD, compute_threshold
 from npuc.passes.quantization.qsim import Simulator, stack_feeds
 
 PER_CHANNEL_KINDS = frozenset({"activation", "pool2d"})  # ops that act on each channel alone, no constants
