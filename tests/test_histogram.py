@@ -318,6 +318,18 @@ def test_corrupt_statistics_files(tmp_path):
             dst.writestr(info, blob)
     with pytest.raises(UserError, match="size does not match"):
         sf.load_stats(liar)
+    # a compression method zipfile does not know; a .npy header that does not parse (bench/fuzz.py seed 13)
+    method, header = tmp_path / "method.npz", tmp_path / "header.npz"
+    blob = bytearray(data)
+    for at in (0, blob.index(b"PK\x01\x02") + 2):  # the first member's local and central headers
+        blob[at + 8 : at + 10] = (99).to_bytes(2, "little")
+    method.write_bytes(bytes(blob))
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(header, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info).replace(b"'descr':", b"'descr'(", 1))
+    for broken in (method, header):
+        with pytest.raises(UserError, match="not a npuc statistics"):
+            sf.load_stats(broken)
     # well-formed zip, wrong contents
     wrong = tmp_path / "wrong.npz"
     np.savez(wrong, names=np.array(["a"]), bins=np.array(2048))

@@ -5,7 +5,9 @@ allocated."""
 from __future__ import annotations
 
 import io
+import tokenize
 import zipfile
+import zlib
 from pathlib import Path
 from types import MappingProxyType
 
@@ -17,6 +19,9 @@ from npuc.passes.calibration.histogram import HISTOGRAMS, CalibrationStats, Tens
 FORMAT_VERSION = 2  # 2: per-sample absmax, histograms of any length
 MAX_STATS_BYTES = 1 << 31
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+# what a damaged archive raises: zip structure, compression (method, data), .npy header syntax, encryption
+_DAMAGE = (zipfile.BadZipFile, ValueError, EOFError, TypeError, NotImplementedError, RuntimeError, zlib.error,
+           SyntaxError, tokenize.TokenError)  # fmt: skip
 
 
 def save_stats(stats: CalibrationStats, path: str | Path) -> None:
@@ -102,7 +107,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
                     raise ValueError(f"member {info.filename!r} size does not match its header")
                 arr = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
                 arrays[info.filename[:-4]] = arr.copy()
-    except (zipfile.BadZipFile, ValueError, EOFError, TypeError) as exc:
+    except _DAMAGE as exc:
         raise UserError(f"{path}: not a npuc statistics .npz ({exc}); pass a file written by npuc calibrate") from None
     except OSError as exc:
         raise UserError(f"cannot read statistics {path}: {exc}; check the path") from None
