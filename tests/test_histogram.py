@@ -75,7 +75,7 @@ def test_shard_order_never_matters_sample_order_only_for_tpu_mlir(histogram: str
     fresh = lambda **kw: hg.CalibrationStats(histogram=histogram, **kw)  # noqa: E731
     late = fresh(first=6)  # a shard that knows its place merges in any order
     ranges = _run(samples[6:], late, phase="range").merge(_run(samples[:6], fresh(), phase="range"))
-    assert sorted(ranges.tensors["conv"].peaks) == list(range(12))
+    assert sorted(ranges.tensors["conv"].peaks) == (list(range(12)) if histogram == "tpu-mlir" else [])
     single = _run(samples, fresh())
     assert tm.table_rows(_run(samples, ranges.freeze(), phase="hist"), "kl") == tm.table_rows(single, "kl")
     widening = single.tensors["conv"]  # sample i has sigma 1 + 0.3 i: the range keeps growing

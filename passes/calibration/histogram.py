@@ -50,7 +50,7 @@ class TensorStats:
     hist_range: float = 0.0  # range of the final histogram geometry (0: no histogram yet)
     hist: np.ndarray | None = None  # int64 [final bins], zeros excluded
     zeros: int = 0  # exact zeros seen by the histogram pass
-    peaks: dict[int, float] = field(default_factory=dict)  # range pass: sample index -> its absmax (float32)
+    peaks: dict[int, float] = field(default_factory=dict)  # tpu-mlir histogram: sample index -> absmax (float32)
     geometry: dict[int, tuple[float, int]] = field(default_factory=dict)  # frozen: sample index -> (range, bins)
     binned: int = 0  # samples seen by the histogram pass
 
@@ -125,8 +125,8 @@ class CalibrationStats:
             st.min = float(np.float32(min(st.min, lo)))
             st.max = float(np.float32(max(st.max, hi)))
             peak = max(abs(np.float32(lo)), abs(np.float32(hi)))
-        index = self._current if self._current is not None else self.first + st.samples
-        st.peaks[index] = float(peak)
+        if self.histogram == "tpu-mlir":  # its geometry needs every sample's absmax; the global one does not
+            st.peaks[self._current if self._current is not None else self.first + st.samples] = float(peak)
         st.numel += int(a.size)
         st.samples += 1
 
