@@ -75,6 +75,17 @@ def _float_tensors(model: Path, feed: dict[str, np.ndarray], names: list[str]) -
     return dict(zip(names, ort.InferenceSession(graph.SerializeToString()).run(names, feed), strict=True))
 
 
+def _as_artifact_dtypes(artifact: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Integer inputs (token ids) in the type the artifact declares (npuc run refuses another type)."""
+    from npuc.compiler.artifacts import ArtifactOptions, detect
+
+    kind = detect(artifact)
+    declared = {} if kind.inputs is None else {s.name: s.dtype for s in kind.inputs(artifact, ArtifactOptions())}
+    return {
+        name: x.astype(declared[name]) if name in declared and x.dtype.kind in "iu" else x for name, x in feed.items()
+    }
+
+
 class CalibrationFailed(Exception):
     pass
 
@@ -119,6 +130,7 @@ def measure(name: str, targets: list[str], vendor) -> list[tuple[str, str, str, 
 
                     x = feed[spec.input_name]
                     fed = {input_name(0): x.transpose(0, 3, 1, 2) if spec.layout == "nhwc" else x}
+                fed = _as_artifact_dtypes(Path(artifact), fed)
                 try:
                     got = npuc.run(artifact, fed)
                 except npuc.UserError as exc:
