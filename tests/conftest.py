@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from golden import GOLDEN_ROOT
+from qdq_cases import pplcnet, smallcnn, smallcnn_int8  # noqa: F401  (the QDQ export tests' fixtures)
 
 from npuc.models.fetch import fetch_model
 

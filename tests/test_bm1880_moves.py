@@ -17,7 +17,8 @@ import onnxruntime as ort
 import pytest
 from metrics import cosine
 from onnx import TensorProto, helper, numpy_helper
-from test_qdq import assert_codes_equal, bmodel_codes, run_named, session, with_bmodel_output_codes
+from qdq_cases import session
+from test_qdq_bm1880 import assert_codes_equal, bmodel_codes, run_named, with_bmodel_output_codes
 
 from npuc.backends.bm1880.build import compile_bmodel
 from npuc.backends.bm1880.cmdbuf import decode_cmdbuf, gdma_direction
