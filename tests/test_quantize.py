@@ -21,21 +21,12 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph, Op, QuantParams
 from npuc.compiler.kernels.quantized import QUANT_KERNELS, OpQuant, with_quant
-from npuc.frontends.onnx import import_onnx
 from npuc.passes.calibration.calitable import CalibrationTable, Threshold, read_table
 from npuc.passes.quantization.quant_context import int8_params
 from npuc.passes.quantization.quantize import ThresholdMap, quantize, thresholds_for_graph
-from npuc.passes.rewrite.canonicalize import canonicalize
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 REGION_MASK = (1 << 40) - 1
-
-
-@pytest.fixture(scope="module")
-def smallcnn() -> Graph:
-    graph = import_onnx(GOLDEN / "smallcnn.onnx")
-    canonicalize(graph)
-    return graph
 
 
 @pytest.fixture(scope="module")
