@@ -12,13 +12,13 @@ output gives the output's name with the real producer's type (`output_Gemm`); gr
 `tensor_table_names` gives that mapping for every ONNX tensor.
 
 Two streaming passes (passes/calibration/histogram.py): ranges, freeze, histograms, on one onnxruntime session
-(passes/calibration/tap.py). Samples are loaded one batch at a time (the next batch runs while the current one
-is folded in); per sample only each tensor's absmax is kept. The default `global` histogram bins every sample
-over the absmax of all of them (pass 1 gives it); `histogram="tpu-mlir"` follows tpu-mlir's sample-by-sample
-geometry, which pass 1's per-sample absmax fixes for pass 2 — or, in one process, a single pass that grows the
-histogram as tpu-mlir does (the same statistics, half the model runs). Sharded runs: pass 1 per shard with
-`range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table is then byte-identical
-to a single run's.
+(passes/calibration/tap.py). Samples are loaded one batch at a time (the next batch runs while the current one is
+folded in); nothing per sample is kept, except each tensor's absmax for tpu-mlir's geometry. The default `global`
+histogram bins every sample over the absmax of all of them (pass 1 gives it); `histogram="tpu-mlir"` follows
+tpu-mlir's sample-by-sample geometry, which pass 1's per-sample absmax fixes for pass 2 — or, in one process, a single
+pass that grows the histogram as tpu-mlir does (the same statistics, half the model runs). Sharded runs: pass 1 per
+shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table is then
+byte-identical to a single run's.
 
 `CalibrationOptions.tune` > 0 adds tpu-mlir's tune step after KL (passes/calibration/tune.py) on the first N samples;
 it needs the samples, so a merged table (`calibrate merge`) is never tuned. `CalibrationOptions.refine`
@@ -221,7 +221,7 @@ def collect_ranges(
     tap: TensorTap | None = None,
     first: int = 0,
 ) -> CalibrationStats:
-    """Pass 1: running min / max and per-sample absmax of every observed tensor (keyed by table name);
+    """Pass 1: running min / max (and, for tpu-mlir's geometry, per-sample absmax) of every observed tensor;
     `first`: the place of `files[0]` in the whole sample list (a shard's offset)."""
     stats = CalibrationStats(bins=options.bins, first=first, histogram=options.histogram)
     names = plan.observed

@@ -1,9 +1,9 @@
-"""Streaming, mergeable per-tensor calibration statistics and the threshold methods (`kl`, `max`, ...).
+"""Streaming, mergeable per-tensor calibration statistics: ranges and |x| histograms.
 
 Two passes over the calibration samples, so that sharded runs merge exactly:
-1. range pass: running min / max (float32), element and sample counts, and each sample's absmax keyed by
-   its place in the sample order (and, when the caller names samples, by a key of the sample's content);
-   merging is min/max/sum and a union of the per-sample records;
+1. range pass: running min / max (float32), element and sample counts, and, for tpu-mlir's geometry only,
+   each sample's absmax keyed by its place in the sample order (and, when the caller names samples, by a key
+   of the sample's content); merging is min/max/sum and a union of the per-sample records;
 2. histogram pass: the |x| histogram over a geometry (range, bins) frozen from pass 1, one of two
    (`HISTOGRAMS`, the stats' `histogram`):
    - `global` (the default): one geometry for every sample, `bins` bins over the absmax of all samples; the
@@ -112,7 +112,8 @@ class CalibrationStats:
             self._seen += 1
 
     def observe_range(self, name: str, x: np.ndarray) -> None:
-        """Pass 1: fold one sample of tensor `name` into its min / max / counts and record its absmax."""
+        """Pass 1: fold one sample of tensor `name` into its min / max / counts (and, for tpu-mlir's geometry,
+        record its absmax)."""
         a = np.asarray(x, dtype=np.float32).reshape(-1)
         st = self.tensors.setdefault(name, TensorStats())
         if st.hist is not None:
