@@ -114,7 +114,7 @@ def _import(model: Path, weights: str | Path | None, shapes: dict | None, option
 def _qtable_layers(graph: Any, target: Any, calib: Path | None, qtable: str | Path | None, options: dict,
                    notes: list[str]) -> list[str]:  # fmt: skip
     """The BF16 layers of the qtable (given, or beside the table), added to options["float_layers"]."""
-    from npuc.passes.calibration.qtable import beside, read_qtable
+    from npuc.passes.calibration.qtable import beside, bf16_layers
 
     path = Path(qtable) if qtable is not None else None
     if path is None and calib is not None and beside(calib).is_file():
@@ -126,18 +126,7 @@ def _qtable_layers(graph: Any, target: Any, calib: Path | None, qtable: str | Pa
         return []
     if "float_layers" not in target.options:
         raise UserError(f"--qtable is not used by target '{target.name}' (it is for cv18xx); remove it")
-    modes = read_qtable(path)
-    known = {op.name for op in graph.ops} | set(graph.tensors)
-    unknown = [n for n in modes if n not in known]
-    if unknown:
-        raise UserError(
-            f"{path}: layer '{unknown[0]}' ({len(unknown)} of {len(modes)}) matches no op or tensor of the model; "
-            "was it made for another model? Rerun `npuc calibrate --target-cos` for this one"
-        )
-    other = sorted({m for m in modes.values() if m not in ("BF16", "INT8")})
-    if other:
-        raise UserError(f"{path}: mode {other[0]} has no {target.name} form; keep layers in BF16 or INT8")
-    layers = [n for n, m in modes.items() if m == "BF16"]
+    layers = bf16_layers(path, {op.name for op in graph.ops} | set(graph.tensors), target.name)
     options["float_layers"] = list(dict.fromkeys([*options.get("float_layers", ()), *layers]))
     notes.append(f"{len(layers)} layer(s) kept in bf16 by {path}")
     return layers

@@ -68,6 +68,13 @@ def register(app: typer.Typer) -> None:
         float_layer: Annotated[
             list[str] | None, typer.Option("--float-layer", help="Keep this op or tensor in bf16.")
         ] = None,
+        qtable: Annotated[
+            Path | None,
+            typer.Option(
+                "--qtable",
+                help="tpu-mlir qtable: its BF16 layers stay bf16 (default: <calib>.qtable if present, as build).",
+            ),  # fmt: skip
+        ] = None,
         mixed_target: Annotated[
             float | None, typer.Option("--auto-mixed", help="Find the fewest float layers for this output cosine.")
         ] = None,
@@ -102,9 +109,13 @@ def register(app: typer.Typer) -> None:
             pre = preprocess(mean or "0", scale or "1", color or "rgb", resize, layout or "nchw",
                              bool(keep_aspect_ratio), pad_value or 0, pad_type or "center")  # fmt: skip
             set_here = [name for name, value in given.items() if value is not None]  # else the table's, if any
-            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes, pre, set_here)
+            comparison = load_comparison(model, calib, data, target, quant, calib_data or (), shapes, pre, set_here,
+                                         qtable)  # fmt: skip
         for warning in caught:  # e.g. table rows naming no tensor of this model: one line each, then go on
             typer.echo(f"npuc: warning: {' '.join(str(warning.message).split())}", err=True)
+        if comparison.qtable is not None:
+            kept = len(comparison.base_float)
+            typer.echo(f"npuc: note: {kept} layer(s) kept in bf16 by {comparison.qtable}", err=True)
         mixed = None
         if mixed_target is None:
             report = comparison.evaluate(float_layer or ())

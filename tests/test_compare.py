@@ -231,6 +231,10 @@ def test_automatic_choices_judge_a_softmax_output_by_its_logits(tmp_path: Path) 
     report = comparison.evaluate()
     assert [a.name for a in report.outputs] == [output] and [a.name for a in report.judged] == [logits]
     assert len(report.judged[0].sample_cosines) == 4
+    shape = comparison.graph.tensors[output].shape  # top-1 per position along the softmax's axis
+    axis = comparison.producers[output].attrs.axis % len(shape)
+    assert comparison.class_axes == {output: axis}
+    assert len(report.outputs[0]._top1) == 4 * int(np.prod(shape)) // shape[axis]
 
 
 def test_a_table_calibrated_on_pictures_records_its_preprocessing_and_compare_uses_it(tmp_path, capsys):
@@ -268,3 +272,39 @@ def test_a_table_calibrated_on_pictures_records_its_preprocessing_and_compare_us
     assert cli("calibrate", str(MODEL), "--data", str(GOLDEN / "smallcnn_cali_samples"), "-o", str(table),
                "--method", "kl") == 0  # fmt: skip
     assert read_table(table).preprocess is None
+
+
+def test_compare_keeps_the_qtable_beside_the_table_in_float_as_build_does(samples, tmp_path, capsys):
+    table = tmp_path / "t.cali_table"
+    table.write_bytes(TABLE.read_bytes())
+    Path(f"{table}.qtable").write_text("# op_name   quantize_mode\nrelu_17 BF16\n")
+    args = ["compare", str(MODEL), "--calib", str(table), "--data", str(samples), "--json"]
+    assert cli(*args) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["float_layers"] == ["relu_17"]
+    assert f"1 layer(s) kept in bf16 by {table}.qtable" in captured.err
+    other = tmp_path / "other.qtable"  # --qtable names another file, as build's
+    other.write_text("relu_26 BF16\n")
+    assert cli(*args, "--qtable", str(other)) == 0
+    assert json.loads(capsys.readouterr().out)["float_layers"] == ["relu_26"]
+    Path(f"{table}.qtable").write_text("nosuch BF16\n")  # made for another model: one line, exit 2
+    assert cli(*args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "'nosuch'" in line and "another model" in line
+
+
+def test_top1_agreement_is_per_position_along_the_class_axis():
+    """A sequence of class scores (OCR: positions x classes) agrees per position; an output with no one class
+    axis (a detector's boxes) has no top-1 figure."""
+    from npuc.passes.calibration.compare import Agreement
+
+    ref = np.zeros((1, 4, 3), np.float32)
+    ref[0, np.arange(4), [0, 1, 2, 0]] = 1.0
+    quant = ref.copy()
+    quant[0, 3] = [0.0, 0.0, 2.0]  # the last position's class differs
+    per_position = Agreement("seq")
+    per_position.add(ref, quant, class_axis=2)
+    assert per_position.top1_agreement == 0.75
+    none = Agreement("boxes")
+    none.add(ref, quant)
+    assert none.top1_agreement is None

@@ -11,36 +11,50 @@ from ..ir import Op
 from ..ops import Activation
 from .registry import float_kernel
 
-# Maclaurin series of erf: 2/sqrt(pi) * sum_n (-1)^n x^(2n+1) / (n! (2n+1)). 48 terms reach float64
-# rounding for |x| < 3; beyond that the asymptotic expansion of erfc is accurate to ~1e-9.
-_ERF_SERIES_LIMIT = 3.0
+# erf by cubic Hermite interpolation of a table of math.erf and of its slope 2/sqrt(pi) exp(-x^2) on a 1/128
+# grid of [0, 6] (error <= h^4/384 max|erf^(4)| ~ 2e-10; erf is 1 to float64 rounding past 6), and by its
+# Maclaurin series below 0.5, where values are small and must be accurate relatively: 2/sqrt(pi) sum (-1)^n
+# x^(2n+1) / (n! (2n+1)), 14 terms reach float64 rounding. Several times faster than a series over the range.
+_ERF_STEP = 1.0 / 128
+_ERF_END = 6.0
+_ERF_SERIES_LIMIT = 0.5
 _ERF_SERIES = np.array(
-    [(-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 * n + 1)) for n in range(48)], np.float64
+    [(-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 * n + 1)) for n in range(14)], np.float64
 )
-# erfc(x) ~ exp(-x^2) / (x sqrt(pi)) * sum_n (-1)^n (2n-1)!! / (2x^2)^n, truncated before it diverges at x=3.
-_ERFC_ASYMPTOTIC = np.array([(-1) ** n * math.prod(range(1, 2 * n, 2)) for n in range(9)], np.float64)
+
+
+def _erf_cubics() -> np.ndarray:
+    """Per grid interval [x_i, x_i + h]: the coefficients c0..c3 of erf(x_i + t h) = c0 + c1 t + c2 t^2 + c3 t^3."""
+    grid = np.arange(round(_ERF_END / _ERF_STEP) + 1) * _ERF_STEP
+    y = np.array([math.erf(v) for v in grid])
+    d = 2 / math.sqrt(math.pi) * np.exp(-grid * grid) * _ERF_STEP  # the slope per unit of t
+    y0, y1, d0, d1 = y[:-1], y[1:], d[:-1], d[1:]
+    return np.stack([y0, d0, 3 * (y1 - y0) - 2 * d0 - d1, 2 * (y0 - y1) + d0 + d1])
+
+
+_ERF_CUBICS = _erf_cubics()
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """Vectorized error function, accurate to float64 ~1e-9 absolute; returns x's float dtype."""
-    x64 = np.asarray(x, np.float64)
-    ax = np.abs(x64)
+    """Vectorized error function, accurate to float64 ~1e-10 absolute (~1e-16 relative below 0.5); returns x's
+    float dtype."""
+    x64 = np.array(x, np.float64, ndmin=1)
+    ax = np.minimum(np.abs(x64), _ERF_END)
+    pos = np.nan_to_num(ax) * (1 / _ERF_STEP)
+    index = np.minimum(pos.astype(np.intp), _ERF_CUBICS.shape[1] - 1)
+    t = pos - index
+    c0, c1, c2, c3 = (row[index] for row in _ERF_CUBICS)
+    out = c0 + t * (c1 + t * (c2 + t * c3))
     small = ax < _ERF_SERIES_LIMIT
-    xs = np.where(small, x64, 0.0)
-    x2 = xs * xs
-    series = np.zeros_like(x64)
-    for c in _ERF_SERIES[::-1]:  # Horner in x^2
-        series = series * x2 + c
-    series *= xs
-    xl = np.where(small, _ERF_SERIES_LIMIT, ax)
-    inv = 1.0 / (2.0 * xl * xl)
-    tail = np.zeros_like(x64)
-    for c in _ERFC_ASYMPTOTIC[::-1]:
-        tail = tail * inv + c
-    erfc = np.exp(-xl * xl) / (xl * math.sqrt(math.pi)) * tail
-    out = np.where(small, series, np.copysign(1.0 - erfc, x64))
+    if small.any():
+        xs = ax[small]
+        x2, series = xs * xs, np.zeros_like(xs)
+        for c in _ERF_SERIES[::-1]:  # Horner in x^2
+            series = series * x2 + c
+        out[small] = series * xs
+    out = np.where(np.isnan(x64), np.nan, np.copysign(out, x64))
     dtype = x.dtype if np.issubdtype(np.asarray(x).dtype, np.floating) else np.float32
-    return out.astype(dtype)
+    return out.astype(dtype).reshape(np.shape(x))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -33,6 +33,7 @@ from npuc.frontends.onnx_load import load_model
 from npuc.passes.calibration.calibrate import calibrate, plan_calibration, tensor_table_names
 from npuc.passes.calibration.calitable import CalibrationTable, read_table
 from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample
+from npuc.passes.calibration.qtable import beside, bf16_layers
 from npuc.passes.calibration.refinement import Refinement, apply_refinement, load_refinement, side_file
 from npuc.passes.quantization.quantize import ThresholdMap, quantize, thresholds_for_graph
 from npuc.passes.rewrite.canonicalize import canonicalize
@@ -58,7 +59,9 @@ class Agreement:
     _top1: list[bool] = field(default_factory=list, repr=False)
     sample_cosines: list[float] = field(default_factory=list, repr=False)  # one per add()
 
-    def add(self, ref: np.ndarray, quant: np.ndarray, top1: bool = False) -> None:
+    def add(self, ref: np.ndarray, quant: np.ndarray, class_axis: int | None = None) -> None:
+        """Pool one sample; `class_axis`: the axis of class scores, whose argmax (per position along the other
+        axes) is compared for top-1 agreement."""
         r, q = ref.astype(np.float64).ravel(), quant.astype(np.float64).ravel()
         pair = float(np.sqrt((r @ r) * (q @ q)))
         self.sample_cosines.append(float(r @ q) / pair if pair else float(np.array_equal(r, q)))
@@ -67,9 +70,9 @@ class Agreement:
         self._q2 += float(q @ q)
         self._err2 += float((r - q) @ (r - q))
         self.max_abs_error = max(self.max_abs_error, float(np.abs(r - q).max(initial=0.0)))
-        if top1:
-            batch = ref.shape[0] if ref.ndim > 1 else 1
-            self._top1 += list(ref.reshape(batch, -1).argmax(1) == quant.reshape(batch, -1).argmax(1))
+        if class_axis is not None:
+            quant = quant.reshape(ref.shape)
+            self._top1 += list((ref.argmax(class_axis) == quant.argmax(class_axis)).ravel())
         norm = np.sqrt(self._ref2 * self._q2)
         self.cosine = self._dot / norm if norm else float(self._ref2 == self._q2)
         self.sqnr_db = 10 * np.log10(self._ref2 / self._err2) if self._err2 else float("inf")
@@ -193,6 +196,8 @@ class Comparison:
         self.ref_outputs = [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
         self._ref_layers: dict[int, dict[str, np.ndarray]] = {}
         self._cached_bytes = 0
+        self.base_float: list[str] = []  # layers every evaluation keeps in float (the table's qtable, as the build)
+        self.qtable: Path | None = None  # where base_float came from
         self.producers = {out: op for op in self.graph.ops for out in op.outputs}
 
     def ref_layers(self, i: int) -> dict[str, np.ndarray]:
@@ -216,21 +221,25 @@ class Comparison:
                 out.append(self.producers[name].name)
         return out
 
-    def evaluate(self, float_layers: Iterable[str] = ()) -> CompareReport:
-        chosen = list(dict.fromkeys(float_layers))
+    def evaluate(self, float_layers: Iterable[str] = (), per_layer: bool = True) -> CompareReport:
+        """Quantize with `float_layers` (and `base_float`) kept in float and measure every sample: the outputs
+        and what the automatic choices judge, and with `per_layer` every quantized tensor (the per-layer pooling
+        costs as much as the quantized run on large models; searches that only score the outputs skip it)."""
+        chosen = list(dict.fromkeys([*self.base_float, *float_layers]))
         qgraph = quantize(self.graph, self.thresholds, self.scheme, self.float_names(chosen))
         outputs = {name: Agreement(name) for name in self.graph.outputs}
         judged = {name: Agreement(tensor) for name, tensor in self.judged.items() if tensor != name}
         layers: dict[str, Agreement] = {}
+        class_axes = self.class_axes
         for i, feed in enumerate(self.feeds):
             ref_all = self.ref_layers(i)
             q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
             for name, agreement in outputs.items():
-                agreement.add(self.ref_outputs[i][name], q_all[name], top1=True)
+                agreement.add(self.ref_outputs[i][name], q_all[name], class_axes[name])
             for agreement in judged.values():
                 name = agreement.name
                 agreement.add(ref_all[name], _as_float(qgraph, name, q_all[name]))
-            for name, value in q_all.items():
+            for name, value in q_all.items() if per_layer else ():
                 if name not in ref_all or name in self.graph.inputs:
                     continue
                 if qgraph.tensors[name].quant is not None or name in self.graph.outputs:
@@ -253,6 +262,20 @@ class Comparison:
             logits = op.inputs[0] if op is not None and op.kind == "softmax" else name
             found[name] = logits if logits in self.graph.tensors and logits not in self.graph.inputs else name
         return found
+
+    @property
+    def class_axes(self) -> dict[str, int | None]:
+        """Graph output -> the axis of its class scores, for top-1 agreement: a softmax's axis (per position of a
+        sequence: OCR), else the one axis past the first longer than 1 (a classifier's logits); else None."""
+        axes: dict[str, int | None] = {}
+        for name in self.graph.outputs:
+            op, shape = self.producers.get(name), self.graph.tensors[name].shape
+            long = [axis for axis, size in enumerate(shape) if axis and size > 1]
+            axes[name] = long[0] if len(long) == 1 else None
+            if op is not None and op.kind == "softmax" and shape:
+                axis = op.attrs.axis % len(shape)  # opset < 13 normalises the flattened axes from `axis` on
+                axes[name] = axis if axis == len(shape) - 1 or not op.attrs.coerce_2d else axes[name]
+        return axes
 
     def unit(self, layer: str) -> list[str]:
         """The layers that leave int8 together to keep tensor `layer` out of int8: its producer and every
@@ -351,15 +374,17 @@ def load_comparison(
     input_shapes: InputShapes | None = None,
     pre: Preprocess | None = None,
     given: Sequence[str] = (),
+    qtable: Path | None = None,
 ) -> Comparison:
     """A Comparison from the CLI's inputs: a table file, a table, or calibration data (KL) to make one;
     `pre` prepares pictures (the same preprocessing as calibrate's). A table calibrated on pictures records
     its preprocessing: it is used, and a field of `pre` named in `given` (set on the command line) that
-    contradicts it is an error naming both values."""
+    contradicts it is an error naming both values. As `npuc build --calib TABLE` does, int8 keeps the BF16
+    layers of `qtable`, else of the qtable beside a table file, in float."""
     scheme = _scheme(target, quant)
     if (table is None) == (not calib_data):
         raise UserError("give exactly one of --calib TABLE or --calib-data DIR")
-    refinement = None
+    refinement, path = None, None
     if table is None:
         table = calibrate(model, list(calib_data), pre, input_shapes=input_shapes).table
     elif not isinstance(table, CalibrationTable):
@@ -367,7 +392,16 @@ def load_comparison(
             refinement = load_refinement(side_file(table))
         path, table = table, read_table(table)
         pre = recorded_preprocess(table, pre or Preprocess(), given, str(path))
-    return Comparison(model, table, data, scheme, input_shapes, pre, refinement)
+    comparison = Comparison(model, table, data, scheme, input_shapes, pre, refinement)
+    if qtable is None and path is not None and quant == "int8" and beside(path).is_file():
+        qtable = beside(path)
+    if qtable is not None:
+        if quant != "int8":
+            raise UserError(f"--qtable {qtable} is for int8 comparisons; drop it with --quant {quant}")
+        known = {op.name for op in comparison.graph.ops} | set(comparison.graph.tensors)
+        comparison.base_float = bf16_layers(qtable, known, target)
+        comparison.qtable = qtable
+    return comparison
 
 
 def recorded_preprocess(table: CalibrationTable, pre: Preprocess, given: Sequence[str], where: str) -> Preprocess:

@@ -127,7 +127,7 @@ def _try(model: Path, plan: CalibrationPlan, table: CalibrationTable, feeds: Seq
     refinement = Refinement(refit.constants if refit is not None else {}, groupings) if refit or groupings else None
     trial = Comparison(model, fitted, list(judges), "cv18xx_int8", shapes, refinement=refinement)
     known = frozenset(trial.graph.tensors) | frozenset(op.name for op in trial.graph.ops)
-    after = trial.evaluate([n for n in float_layers if n in known])  # a split drops some
+    after = trial.evaluate([n for n in float_layers if n in known], per_layer=False)  # a split drops some
     pairs = zip(after.judged, before.judged)
     losing = [a.name for a, b in pairs if output_score(a) < output_score(b) - FIT_TOLERANCE]
     return _Trial(objective(after), losing, fitted, refit, groupings, known)
@@ -148,7 +148,7 @@ def choose_fitted(
     with warnings.catch_warnings():  # rows without a tensor are the build's to report
         warnings.simplefilter("ignore")
         plain = Comparison(model, table, list(judge_feeds), "cv18xx_int8", input_shapes)
-        before = plain.evaluate(float_layers)
+        before = plain.evaluate(float_layers, per_layer=False)
         choice = FitChoice(objective(before), 0, len(judge_feeds), "")
         count = fit_sample_count(reference_seconds(plain.graph), len(fit_feeds), budget)
         choice.fitted_samples = count

@@ -110,7 +110,7 @@ def choose_per_tensor(
                 return chosen, cosine, used
             used += 1
             comparison.thresholds.thresholds = {**current, name: value}
-            trial = comparison.evaluate(float_layers)
+            trial = comparison.evaluate(float_layers, per_layer=False)
             if objective(trial) > best + 1e-6:
                 best, cosine = objective(trial), trial.output_cosine
                 current[name], chosen[name] = value, method
@@ -142,7 +142,7 @@ def choose_method(
     scores = {}
     for method, table in tables.items():
         comparison.thresholds = thresholds_for_graph(comparison.graph, table, warn=False, table_names=names)
-        report = comparison.evaluate(float_layers)
+        report = comparison.evaluate(float_layers, per_layer=False)
         scores[method] = min(a.cosine for a in report.judged or report.outputs)
     best = max(AUTO_METHODS, key=lambda m: (scores[m], -AUTO_METHODS.index(m)))
     table = tables[best]

@@ -46,6 +46,22 @@ def read_qtable(path: str | Path) -> dict[str, str]:
     return modes
 
 
+def bf16_layers(path: str | Path, known: set[str], target: str = "cv18xx") -> list[str]:
+    """The BF16 layers of the qtable at `path`; every listed name must be in `known` (the graph's op and tensor
+    names), and every mode must be one the target keeps (BF16 or INT8)."""
+    modes = read_qtable(path)
+    unknown = [n for n in modes if n not in known]
+    if unknown:
+        raise UserError(
+            f"{path}: layer '{unknown[0]}' ({len(unknown)} of {len(modes)}) matches no op or tensor of the model; "
+            "was it made for another model? Rerun `npuc calibrate --target-cos` for this one"
+        )
+    other = sorted({m for m in modes.values() if m not in ("BF16", "INT8")})
+    if other:
+        raise UserError(f"{path}: mode {other[0]} has no {target} form; keep layers in BF16 or INT8")
+    return [n for n, m in modes.items() if m == "BF16"]
+
+
 def format_qtable(names: Iterable[str], mode: str = "BF16", comments: Iterable[str] = ()) -> str:
     lines = [*(f"# {c}" for c in comments), HEADER, *(f"{table_field(n, 'qtable')} {mode}" for n in names)]
     return "\n".join(lines) + "\n"
