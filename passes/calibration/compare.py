@@ -299,14 +299,14 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
     `base`: layers in float from the start (a pattern's), not counted among those chosen."""
 
-    def evaluate(layers: Iterable[str] = ()) -> CompareReport:
-        return comparison.evaluate([*base, *layers])
+    def evaluate(layers: Iterable[str] = (), per_layer: bool = False) -> CompareReport:
+        return comparison.evaluate([*base, *layers], per_layer=per_layer)
 
     if not 0.0 < target <= 1.0:
         raise UserError(f"--auto-mixed {target}: a cosine target must be in (0, 1], e.g. 0.99")
     if max_layers < 1:
         raise UserError(f"--max-float-layers {max_layers} must be at least 1")
-    base_report = evaluate()
+    base_report = evaluate(per_layer=True)  # the layers' losses choose the picks; trials score the outputs only
     evaluations = 1
     if base_report.output_cosine >= target:
         reason = "int8 already reaches it"
@@ -338,7 +338,7 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         evaluations, budget = evaluations + 1, budget - 1
         if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
             chosen += unit
-            report = trial
+            report = evaluate(chosen, per_layer=True)
     if report.output_cosine < target:
         reason = (
             f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
@@ -346,12 +346,15 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         )
         return MixedResult(target, False, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
                            reason)  # fmt: skip
+    dropped = False
     for name in list(chosen) if len(chosen) > 1 else []:  # re-check: drop what the others made unnecessary
         trial = evaluate([n for n in chosen if n != name])
         evaluations += 1
         if trial.output_cosine >= target:
             chosen.remove(name)
-            report = trial
+            dropped = True
+    if dropped:
+        report = evaluate(chosen, per_layer=True)
     reason = f"{len(chosen)} float layer(s) reach {report.output_cosine:.6f} >= {target}"
     return MixedResult(target, True, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
                        reason)  # fmt: skip
