@@ -480,3 +480,42 @@ def test_nv12_model_is_npuc_int8_bit_for_bit(pplcnet_build, real_model):
         pixels = nv12_to_yuv444_int8(rgb_to_nv12(picture))
         ref = run(qgraph, {"x": affine.apply(pixels, channel_axis=-1).transpose(0, 3, 1, 2)}, kernels=QUANT_KERNELS)
         np.testing.assert_array_equal(session.run(None, {"x": pixels})[0], ref["fetch_name_0"])
+
+
+def test_token_id_inputs_stay_integers(tmp_path):
+    """A text encoder's token ids are int64 on the way in (the contract says S64, the quantized model takes
+    int64, `npuc run` feeds them as given) and an output passing them through stays integer."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.normal(size=(50, 16)).astype(np.float32), "table")
+    weight = numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "weight")
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["embedded"]),
+        helper.make_node("MatMul", ["embedded", "weight"], ["features"]),
+        helper.make_node("Identity", ["ids"], ["ids_out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 8, 4]),
+         helper.make_tensor_value_info("ids_out", TensorProto.INT64, [1, 8])],
+        initializer=[table, weight],
+    )  # fmt: skip
+    model = tmp_path / "tokens.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    feeds = [{"ids": rng.integers(0, 50, (1, 8), dtype=np.int64)} for _ in range(5)]
+    for i, feed in enumerate(feeds[:4]):
+        np.savez(data / f"{i}.npz", **feed)
+    cli(["calibrate", str(model), "--data", str(data), "--method", "kl", "-o", str(tmp_path / "t.txt")])
+    out = tmp_path / "bpu"
+    cli(["build", str(model), "-t", "bpu", "--calib", str(tmp_path / "t.txt"), "-o", str(out)])
+    c = bpu_artifact.read_contract(out)
+    assert [(p.name, p.tensor_type) for p in c.inputs] == [("ids", "S64")]
+    assert dict((p.name, p.tensor_type) for p in c.outputs)["ids_out"] == "S64"
+    got = detect(out).run(out, feeds[4], ArtifactOptions())
+    want = dict(zip(["features", "ids_out"], ort.InferenceSession(str(model)).run(None, feeds[4]), strict=True))
+    assert got["ids_out"].dtype == np.int64 and np.array_equal(got["ids_out"], want["ids_out"])
+    assert cosine(got["features"], want["features"]) > 0.99

@@ -91,12 +91,15 @@ def _session(folder: Path, c: Contract):  # noqa: ANN202 - onnxruntime session
         raise CorruptFileError(f"{model}: onnxruntime cannot load it ({str(exc)[:160]}); rebuild") from None
 
 
+ORT_TYPES = {"tensor(int8)": "int8", "tensor(int32)": "int32", "tensor(int64)": "int64"}  # else float32
+
+
 def _model_inputs(folder: Path) -> tuple[Contract, object, dict[str, TensorSpec]]:
     c = read_contract(folder)
     session = _session(folder, c)
     specs = {}
     for i in session.get_inputs():
-        dtype = "int8" if i.type == "tensor(int8)" else "float32"
+        dtype = ORT_TYPES.get(i.type, "float32")
         specs[i.name] = TensorSpec(i.name, tuple(int(d) for d in i.shape), dtype)
     return c, session, specs
 
@@ -147,7 +150,7 @@ def _run(path: Path, feeds: dict[str, np.ndarray], options: ArtifactOptions) -> 
             value = _image_feed(p, specs[p.name], value)
         elif p.quanti_type != "NONE" and value.dtype == np.int8:
             value = _dequantize(p, value)
-        value = value.astype(np.float32) if specs[p.name].dtype == "float32" else value
+        value = value.astype(specs[p.name].dtype) if specs[p.name].dtype != "int8" else value
         if tuple(value.shape) != specs[p.name].shape:
             raise UserError(f"input '{p.name}': shape {_fmt(value.shape)}, the model takes {_fmt(specs[p.name].shape)}")
         model_feeds[p.name] = value

@@ -54,7 +54,14 @@ from npuc.passes.export.qdq import (
 )
 from npuc.passes.quantization.quantize import ThresholdMap, quantize
 
-from .contract import Contract, TensorProperties, contract_to_header, contract_to_json, make_properties
+from .contract import (
+    NUMPY_TYPES,
+    Contract,
+    TensorProperties,
+    contract_to_header,
+    contract_to_json,
+    make_properties,
+)
 
 CONTRACT_FILE = "hbdnn_contract.json"
 QUANTI_TYPES = ("scale", "shift")
@@ -171,8 +178,8 @@ def _input_properties(qgraph: Graph, name: str, cfg: Any, opts: BpuOptions) -> T
     shape = external_shape(qgraph, name)
     layout = qgraph.input_layouts.get(name, "nchw").upper() if len(shape) == 4 else "NONE"
     fmt = _boundary_format(qgraph, name)
-    if fmt is None:  # the scheme kept this input in float (no threshold): the contract says so
-        return make_properties(name, shape, layout, "F32", False)
+    if fmt is None:  # the scheme kept this input unquantized (no threshold): the contract says its type
+        return make_properties(name, shape, layout, NUMPY_TYPES[np.dtype(qgraph.tensors[name].dtype).name], False)
     return make_properties(name, shape, layout, "S8", False, **_quant_fields(fmt, opts))
 
 
@@ -194,7 +201,8 @@ def _output_properties(qgraph: Graph, name: str, opts: BpuOptions) -> TensorProp
     fmt = q.inputs[0] if producer is not None and producer.kind == "cast" and q is not None and q.inputs else None
     if opts.quant_output and fmt is not None and fmt.scheme == "int8_sym":
         return make_properties(name, shape, layout, "S8", True, **_quant_fields(float(fmt.scale), opts))
-    return make_properties(name, shape, layout, "F32", True)
+    dtype = np.dtype(qgraph.tensors[name].dtype)  # an output may pass integers through (token ids)
+    return make_properties(name, shape, layout, NUMPY_TYPES[dtype.name] if dtype.kind in "iu" else "F32", True)
 
 
 def prologues_for(inputs: Sequence[Any]) -> dict[str, InputPrologue]:

@@ -30,6 +30,11 @@ DATA_TYPES = (
 )  # fmt: skip
 LAYOUTS: Mapping[str, int] = MappingProxyType({"NHWC": 0, "NCHW": 2, "NONE": 255})
 QUANTI_TYPES = ("NONE", "SHIFT", "SCALE")
+# numpy dtype -> the DATA_TYPES entry of an unquantized tensor of that type (token ids are S64)
+NUMPY_TYPES: Mapping[str, str] = MappingProxyType({
+    "int8": "S8", "uint8": "U8", "float16": "F16", "int16": "S16", "uint16": "U16", "float32": "F32", "int32": "S32",
+    "uint32": "U32", "float64": "F64", "int64": "S64", "uint64": "U64",
+})  # fmt: skip
 ELEMENT_BYTES: Mapping[str, int] = MappingProxyType(
     {"S8": 1, "U8": 1, "F16": 2, "S16": 2, "U16": 2, "F32": 4, "S32": 4, "U32": 4, "F64": 8, "S64": 8, "U64": 8}
     | {t: 1 for t in DATA_TYPES if t.startswith("IMG_")}

@@ -272,11 +272,17 @@ def _graph_input(w: _Writer, name: str, prologue: InputPrologue | None) -> onnx.
     return info
 
 
+def _output_type(graph: Graph, name: str) -> int:
+    """Float32, or the integer type of an output that passes integers through (a model returning its token ids)."""
+    dtype = np.dtype(graph.tensors[name].dtype)
+    return helper.np_dtype_to_tensor_dtype(dtype) if dtype.kind in "iub" else TensorProto.FLOAT
+
+
 def onnx_model(
     graph: Graph, b: OnnxBuilder, inputs: list[onnx.ValueInfoProto], name: str | None, doc: str,
     value_info: list[onnx.ValueInfoProto] | None = None,
 ) -> onnx.ModelProto:  # fmt: skip
-    outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(graph.shape(out))) for out in graph.outputs]
+    outputs = [helper.make_tensor_value_info(o, _output_type(graph, o), list(graph.shape(o))) for o in graph.outputs]
     onnx_graph = helper.make_graph(
         b.nodes, name or graph.name, inputs, outputs, initializer=list(b.initializers.values()), value_info=value_info
     )

@@ -53,8 +53,9 @@ class OnnxBuilder:
 def input_value(
     b: OnnxBuilder, graph: Graph, name: str, affine: PreprocessAffine | None
 ) -> tuple[str, onnx.ValueInfoProto]:
-    """The float32 NCHW value of graph input `name` and the model input that feeds it: float32 in the input's
-    declared layout, or (`affine`, an hb_mapper image input) int8 NHWC pixels (u8 - 128) through HzPreprocess."""
+    """The NCHW value of graph input `name` and the model input that feeds it: the input's type (float32, or
+    integers such as token ids) in its declared layout, or (`affine`, an hb_mapper image input) int8 NHWC pixels
+    (u8 - 128) through HzPreprocess."""
     shape = graph.shape(name)
     if affine is not None:
         n, _, h, w = shape
@@ -65,11 +66,12 @@ def input_value(
         single = b.node("Cast", [biased], to=TensorProto.FLOAT)
         value = b.node("Transpose", [single], b.fresh(f"{name}_HzPreprocess"), perm=[0, 3, 1, 2])
         return value, helper.make_tensor_value_info(name, TensorProto.INT8, [n, h, w, affine.weight.shape[1]])
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(graph.tensors[name].dtype))  # token ids stay integers
     if graph.input_layouts.get(name, "nchw") == "nhwc":
         n, c, h, w = shape
         value = b.node("Transpose", [name], b.fresh(f"{name}_nchw"), perm=[0, 3, 1, 2])
-        return value, helper.make_tensor_value_info(name, TensorProto.FLOAT, [n, h, w, c])
-    return name, helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+        return value, helper.make_tensor_value_info(name, elem, [n, h, w, c])
+    return name, helper.make_tensor_value_info(name, elem, list(shape))
 
 
 # ---------------------------------------------------------------------------------------------------------
