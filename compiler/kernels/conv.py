@@ -28,6 +28,25 @@ def windows(x: np.ndarray, kernel: tuple[int, int], strides: tuple[int, int], di
     return view[:, :, ::sh, ::sw, ::dh, ::dw]
 
 
+def depthwise_nchw(
+    x: np.ndarray, w: np.ndarray, strides: tuple[int, int], pads: tuple[int, int, int, int], dilations: tuple[int, int]
+) -> np.ndarray:
+    """Depthwise cross-correlation (w: (C, 1, KH, KW)) as a sum over the kernel taps of weight x shifted slice, in
+    x's dtype: no im2col copy, whose tiny per-channel products cost far more than the taps on large pictures."""
+    (sh, sw), (dh, dw) = strides, dilations
+    _, _, kh, kw = w.shape
+    xp = pad_hw(x, pads)
+    oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((x.shape[0], w.shape[0], oh, ow), x.dtype)
+    taps = w[:, 0].astype(x.dtype, copy=False)
+    for i in range(kh):  # loops over kernel taps only; each step is one vectorised multiply-add
+        for j in range(kw):
+            part = xp[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+            out += part * taps[:, i, j].reshape(1, -1, 1, 1)
+    return out
+
+
 def conv2d_nchw(
     x: np.ndarray,
     w: np.ndarray,
@@ -39,6 +58,8 @@ def conv2d_nchw(
     """Grouped 2-D cross-correlation without bias; x is NCHW, w is (OC, C/group, KH, KW)."""
     n = x.shape[0]
     oc, cg, kh, kw = w.shape
+    if cg == 1 and oc == group == x.shape[1] and group > 1:
+        return depthwise_nchw(x, w, strides, pads, dilations)
     win = windows(pad_hw(x, pads), (kh, kw), strides, dilations)  # (N, C, OH, OW, KH, KW)
     oh, ow = win.shape[2:4]
     win = win.reshape(n, group, cg, oh, ow, kh, kw)

@@ -23,7 +23,7 @@ from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels import FLOAT_KERNELS
 from npuc.compiler.kernels.activation import apply_activation
-from npuc.compiler.kernels.conv import pad_hw
+from npuc.compiler.kernels.conv import depthwise_nchw
 
 Env = dict[str, np.ndarray]
 QUANTIZED_WEIGHT_KINDS = ("conv2d", "gemm", "matmul")
@@ -48,20 +48,9 @@ def is_depthwise(op: Op, weight: np.ndarray) -> bool:
 
 
 def depthwise_conv(x: np.ndarray, w: np.ndarray, op: Op) -> np.ndarray:
-    """Depthwise conv (no bias, no activation) as Σ over taps of weight · shifted slice."""
+    """Depthwise conv in float32 (no bias, no activation)."""
     a = op.attrs
-    (sh, sw), (dh, dw) = a.strides, a.dilations
-    _, _, kh, kw = w.shape
-    xp = pad_hw(x, a.pads)
-    oh = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
-    ow = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((x.shape[0], w.shape[0], oh, ow), np.float32)
-    taps = w[:, 0].astype(np.float32)
-    for i in range(kh):  # loops over kernel taps only; each step is one vectorised multiply-add
-        for j in range(kw):
-            part = xp[:, :, i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
-            out += part * taps[:, i, j].reshape(1, -1, 1, 1)
-    return out
+    return depthwise_nchw(x.astype(np.float32, copy=False), w, a.strides, a.pads, a.dilations)
 
 
 def op_forward(graph: Graph, op: Op, args: list[np.ndarray], batch: int) -> np.ndarray:
