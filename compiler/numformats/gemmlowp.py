@@ -34,10 +34,13 @@ def saturating_rounding_doubling_high_mul(a: np.ndarray, b: np.ndarray) -> np.nd
     a64 = np.asarray(a, dtype=np.int64)
     b64 = np.asarray(b, dtype=np.int64)
     ab = a64 * b64
-    nudged = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    high = np.sign(nudged) * (np.abs(nudged) >> 31)  # C integer division truncates towards zero
-    overflow = (a64 == INT32_MIN) & (b64 == INT32_MIN)
-    return np.where(overflow, INT32_MAX, high)
+    nudged = ab + (1 << 30)
+    nudged -= (ab < 0) * ((1 << 31) - 1)  # a negative product is nudged by 1 - 2^30
+    high = nudged >> 31  # floor; C integer division truncates towards zero:
+    high += (nudged < 0) & ((nudged & ((1 << 31) - 1)) != 0)
+    if np.any(a64 == INT32_MIN) and np.any(b64 == INT32_MIN):  # the one product that overflows int32
+        high = np.where((a64 == INT32_MIN) & (b64 == INT32_MIN), INT32_MAX, high)
+    return high
 
 
 def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
