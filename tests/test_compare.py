@@ -287,6 +287,8 @@ def test_compare_keeps_the_qtable_beside_the_table_in_float_as_build_does(sample
     other.write_text("relu_26 BF16\n")
     assert cli(*args, "--qtable", str(other)) == 0
     assert json.loads(capsys.readouterr().out)["float_layers"] == ["relu_26"]
+    assert cli(*args, "--quant", "bf16", "--qtable", str(other)) == 2  # nothing to keep in bf16 there
+    assert "for int8 comparisons" in capsys.readouterr().err
     Path(f"{table}.qtable").write_text("nosuch BF16\n")  # made for another model: one line, exit 2
     assert cli(*args) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()

@@ -338,7 +338,7 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         evaluations, budget = evaluations + 1, budget - 1
         if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
             chosen += unit
-            report = evaluate(chosen, per_layer=True)
+            report = evaluate(chosen, per_layer=True)  # the same candidate, its layers pooled: not counted
     if report.output_cosine < target:
         reason = (
             f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
@@ -395,12 +395,12 @@ def load_comparison(
             refinement = load_refinement(side_file(table))
         path, table = table, read_table(table)
         pre = recorded_preprocess(table, pre or Preprocess(), given, str(path))
-    comparison = Comparison(model, table, data, scheme, input_shapes, pre, refinement)
+    if qtable is not None and quant != "int8":
+        raise UserError(f"--qtable {qtable} is for int8 comparisons; drop it with --quant {quant}")
     if qtable is None and path is not None and quant == "int8" and beside(path).is_file():
         qtable = beside(path)
+    comparison = Comparison(model, table, data, scheme, input_shapes, pre, refinement)
     if qtable is not None:
-        if quant != "int8":
-            raise UserError(f"--qtable {qtable} is for int8 comparisons; drop it with --quant {quant}")
         known = {op.name for op in comparison.graph.ops} | set(comparison.graph.tensors)
         comparison.base_float = bf16_layers(qtable, known, target)
         comparison.qtable = qtable
