@@ -42,7 +42,7 @@ def build(
     from npuc.compiler.interp import external_shape
     from npuc.compiler.targets import BuildRequest, check_request, get_target
     from npuc.frontends.hbconfig import load_config
-    from npuc.passes.calibration.refinement import apply_refinement, load_refinement, side_file
+    from npuc.passes.calibration.refinement import load_refinement, refit_constants, side_file, split_as_recorded
     from npuc.passes.rewrite.canonicalize import canonicalize
 
     options = dict(options or {})
@@ -73,12 +73,16 @@ def build(
     if hb is not None:
         hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
         output, calib = apply_config(hb, model, chosen.name, options, notes, output, calib, recalibrate)
+    refinement = None
     if calib is not None and side_file(calib).is_file():  # `calibrate --refine`: the split and refitted weights
-        graph = apply_refinement(graph, load_refinement(side_file(calib)), where=str(side_file(calib)))
-        notes.append(f"refined constants from {side_file(calib)}")
+        refinement = load_refinement(side_file(calib))
+        graph = split_as_recorded(graph, refinement, where=str(side_file(calib)))
     # names are resolved on the graph the table describes (a split's group tensors are in it)
     qtable_layers = _qtable_layers(graph, chosen, calib, qtable, options, notes)
     _check_float_layers(graph, options.get("float_layers", ()))
+    if refinement is not None:  # the layers kept in bf16 keep the model's constants
+        graph = refit_constants(graph, refinement, str(side_file(calib)), options.get("float_layers", ()))
+        notes.append(f"refined constants from {side_file(calib)}")
     out = Path(output) if output is not None else Path(f"{model.stem}_{chosen.name}")
     request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
     result = chosen.build(request)

@@ -129,6 +129,7 @@ def calibrate(
         data, samples = usable, None
     held_out: list[Path] = []
     refinement = None  # the side file's split and refit, when --method auto keeps its fitted candidate
+    auto_run = None
     if target_cos is not None and not 0 <= target_cos <= 1:
         raise UserError(f"--target-cos {target_cos}: give an output cosine in (0, 1], e.g. 0.99 (0 turns it off)")
     # --method auto sets its own report part apart, and --target-cos (on by default) searches on it
@@ -164,7 +165,6 @@ def calibrate(
                                         may_fit)  # fmt: skip
         result, patterns, refinement = auto_run.result, auto_run.patterns, auto_run.refinement()
         done.details += [auto_run.choice.summary(), auto_run.fit.summary()]
-        done.report = steps.report_lines(auto_run.closing)
         if searched_on_report:
             target_cos = target_cos or DEFAULT_TARGET_COS
             held_out = auto_run.report_files
@@ -186,6 +186,7 @@ def calibrate(
         done.notes.append(f"{len(result.skipped)} IR tensor(s) have no ONNX tensor to observe: {shown}")
     if save_stats is not None:
         write_stats(result.stats, save_stats)
+    bf16_layers = list(dict.fromkeys(n for found in patterns.values() for n in found))  # what the build keeps
     if output is not None and result.table is not None:
         if any(f.suffix.lower() in IMAGE_SUFFIXES for f in usable):  # how pictures became tensors, for later reads
             result.table.preprocess = pre.spec()
@@ -199,9 +200,13 @@ def calibrate(
         elif side_file(output).exists():  # a build would apply it to this table
             side_file(output).unlink()
             done.notes.append(f"removed {side_file(output)}, made for an earlier table")
-        done.notes += steps.write_qtable_beside(model, result.table, output, shapes, patterns, held_out, pre,
-                                                target_cos, max_float_layers or DEFAULT_MAX_FLOAT_LAYERS,
-                                                explicit_target, refinement)  # fmt: skip
+        lines, bf16_layers = steps.write_qtable_beside(model, result.table, output, shapes, patterns, held_out, pre,
+                                                       target_cos, max_float_layers or DEFAULT_MAX_FLOAT_LAYERS,
+                                                       explicit_target, refinement)  # fmt: skip
+        done.notes += lines
+    if auto_run is not None:  # the closing report runs the table as the build will: side file, qtable
+        done.report = steps.report_lines(steps.closing_report(model, result.table, auto_run.report_files, pre, shapes,
+                                                              refinement, bf16_layers))  # fmt: skip
     if bmnet is not None and result.table is not None:
         from npuc.backends.bm1880.export_table import write_bmnet_table
 

@@ -166,3 +166,43 @@ def test_a_qtable_may_name_the_tensors_of_the_split_its_table_describes(tmp_path
     write_qtable(beside(table), [group], "BF16")
     result = npuc.build(model, "cv18xx", tmp_path / "m.cvimodel", calib=table)
     assert result.summary["qtable_bf16_layers"] == [group] and start
+
+
+def test_layers_kept_in_bf16_keep_the_models_constants_under_a_refit(tmp_path: Path) -> None:
+    """A weight refit corrects int8 rounding that a bf16 layer does not have: the qtable's layers keep the
+    model's constants while the int8 ones take the refit, in the build and in what `compare` and
+    --target-cos measure. Every refit layer in bf16 then computes the model's float result again."""
+    from golden import GOLDEN_ROOT
+
+    import npuc
+    from npuc.passes.calibration.calitable import read_table
+    from npuc.passes.calibration.compare import Comparison
+    from npuc.passes.calibration.refinement import load_refinement, refit_constants, side_file, split_as_recorded
+
+    model, samples = GOLDEN_ROOT / "cv18xx" / "smallcnn.onnx", GOLDEN_ROOT / "cv18xx" / "smallcnn_cali_samples"
+    table = tmp_path / "t.txt"
+    npuc.calibrate(model, [samples], table, method="kl", refine="weights")
+    refinement = load_refinement(side_file(table))
+    graph = import_onnx(model, None, [])
+    canonicalize(graph)
+    split = split_as_recorded(graph, refinement)
+    convs = [op for op in split.ops if op.kind == "conv2d" and split.tensors[op.inputs[1]].is_const]
+    refit = [op for op in convs if op.inputs[1] in refinement.constants]
+    assert len(refit) >= 2
+    kept, other = refit[0], refit[1]
+    mixed = refit_constants(split, refinement, float_layers=[kept.outputs[0]])
+    assert np.array_equal(mixed.const(kept.inputs[1]), split.const(kept.inputs[1]))  # the model's
+    assert np.array_equal(mixed.const(other.inputs[1]), refinement.constants[other.inputs[1]])  # the refit
+    assert not np.array_equal(refinement.constants[kept.inputs[1]], split.const(kept.inputs[1]))
+    comparison = Comparison(model, read_table(table), samples, "cv18xx_int8", refinement=refinement)
+    int8 = comparison.evaluate(per_layer=True)
+    every = comparison.evaluate(int8.int8_layers, per_layer=False)
+    # the refit in bf16 everywhere (what every layer in bf16 computed before): further from the model
+    refit_bf16 = Comparison(model, read_table(table), comparison.feeds, "cv18xx_bf16", refinement=refinement)
+    assert 1 - every.output_cosine < (1 - refit_bf16.evaluate(per_layer=False).output_cosine) / 3  # 5e-6 vs 4e-5
+    write_qtable(beside(table), [kept.outputs[0]], "BF16")
+    built = npuc.build(model, "cv18xx", tmp_path / "m.cvimodel", calib=table)
+    assert built.summary["qtable_bf16_layers"] == [kept.outputs[0]]
+    beside(table).unlink()  # the same layer named by --float-layers instead: the same rule, the same file
+    npuc.build(model, "cv18xx", tmp_path / "f.cvimodel", calib=table, options={"float_layers": [kept.outputs[0]]})
+    assert (tmp_path / "m.cvimodel").read_bytes() == (tmp_path / "f.cvimodel").read_bytes()

@@ -26,12 +26,11 @@ def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, lis
 @dataclass
 class AutoCalibration:
     """What `--method auto` made: the run's result (table, and the refit and split when the fitted candidate
-    won), the choices, the closing report, the report samples, the pattern layers still in the graph."""
+    won), the choices, the report samples, the pattern layers still in the graph."""
 
     result: Any
     choice: Any
     fit: Any
-    closing: Any
     report_files: list[Path]
     patterns: dict[str, list[str]]
 
@@ -90,7 +89,6 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     from dataclasses import replace
 
     from npuc.passes.calibration.calibrate import plan_calibration, stats_to_table
-    from npuc.passes.calibration.compare import Comparison
     from npuc.passes.calibration.fit_choice import FIT_MIN_JUDGES, FIT_OPTIONS, FitChoice, choose_fitted
     from npuc.passes.calibration.method_choice import (
         AUTO_METHODS,
@@ -128,35 +126,45 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     else:
         fit_feeds = [load_sample(f, plan.inputs, pre) for f in fit[: FIT_OPTIONS.refine_samples]]
         fitting = choose_fitted(model, plan, table, fit_feeds, feeds, shapes or None, layers, budget)
-    refinement = None
     if fitting.kept:
         table = fitting.table
         table.method = f"auto ({choice.method}{others}, {fitting.header()})"
         patterns = {name: [n for n in found if n in fitting.known] for name, found in patterns.items()}
         layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
         fitted = replace(fitted, refinement=fitting.refit, groupings=fitting.groupings)
-        refinement = fitting.refinement()
-    closing = None
-    if report:
-        import warnings
-
-        held = [load_sample(report[i], plan.inputs, pre) for i in evaluation_picks(len(report))]
-        with warnings.catch_warnings():  # rows without a tensor are the build's to report
-            warnings.simplefilter("ignore")
-            closing = Comparison(model, table, held, "cv18xx_int8", shapes or None,
-                                 refinement=refinement).evaluate(layers)  # fmt: skip
     result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
-    return AutoCalibration(result, choice, fitting, closing, report, patterns)
+    return AutoCalibration(result, choice, fitting, report, patterns)
+
+
+def closing_report(model: Path, table: Any, report_files: list[Path], pre: Any, shapes: dict, refinement: Any,
+                   float_layers: list[str]) -> Any:  # fmt: skip
+    """The closing accuracy report on up to 8 of the samples set apart (spread), as the build runs the table:
+    with its side file and the qtable's bf16 layers (None without report samples)."""
+    if not report_files:
+        return None
+    import warnings
+
+    from npuc.passes.calibration.calibrate import plan_calibration
+    from npuc.passes.calibration.compare import Comparison
+    from npuc.passes.calibration.method_choice import evaluation_picks
+    from npuc.passes.calibration.preprocess import load_sample
+
+    inputs = plan_calibration(model, shapes or None).inputs
+    held = [load_sample(report_files[i], inputs, pre) for i in evaluation_picks(len(report_files))]
+    with warnings.catch_warnings():  # rows without a tensor are the build's to report
+        warnings.simplefilter("ignore")
+        comparison = Comparison(model, table, held, "cv18xx_int8", shapes or None, refinement=refinement)
+        return comparison.evaluate(float_layers)
 
 
 def report_lines(report: Any, worst: int = 3) -> list[str]:
     """The closing accuracy report: per output on samples no threshold saw, then the worst layers."""
     if report is None:
         return ["held-out report: fewer than 10 samples, none set apart (give more samples to measure)"]
-    lines = []
+    lines, bf16 = [], f", {len(report.float_layers)} layer(s) in bf16" if report.float_layers else ""
     for out in report.outputs:
         top1 = f", top-1 agreement {out.top1_agreement:.3f}" if out.top1_agreement is not None else ""
-        lines.append(f"held-out ({report.samples} samples) output {out.name}: cosine {out.cosine:.5f}, "
+        lines.append(f"held-out ({report.samples} samples{bf16}) output {out.name}: cosine {out.cosine:.5f}, "
                      f"SQNR {out.sqnr_db:.1f} dB{top1}")  # fmt: skip
     shown = ", ".join(f"{a.name} {a.cosine:.4f}" for a in report.layers[:worst])
     return lines + [f"held-out worst layers: {shown}"]
@@ -164,10 +172,10 @@ def report_lines(report: Any, worst: int = 3) -> list[str]:
 
 def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
                   held_out: list[Path], pre: Any, target: float | None, max_layers: int,
-                  explicit: bool = True, refinement: Any = None) -> list[str]:  # fmt: skip
+                  explicit: bool = True, refinement: Any = None) -> tuple[list[str], list[str]]:  # fmt: skip
     """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
     none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
-    the lines to say: the qtable decides what `npuc build --calib` does."""
+    the lines to say (the qtable decides what `npuc build --calib` does) and the layers it keeps in bf16."""
     from npuc.passes.calibration.qtable import beside, write_qtable
 
     base = list(dict.fromkeys(n for layers in found.values() for n in layers))
@@ -197,7 +205,7 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
     elif path.exists():
         path.unlink()
         lines.append(f"removed {path}, made for an earlier table")
-    return lines
+    return lines, [*base, *chosen]
 
 
 def int8_share(model: Path, shapes: dict, layers: list[str], refinement: Any) -> float:

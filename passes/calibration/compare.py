@@ -34,7 +34,13 @@ from npuc.passes.calibration.calibrate import calibrate, plan_calibration, tenso
 from npuc.passes.calibration.calitable import CalibrationTable, read_table
 from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample
 from npuc.passes.calibration.qtable import beside, bf16_layers
-from npuc.passes.calibration.refinement import Refinement, apply_refinement, load_refinement, side_file
+from npuc.passes.calibration.refinement import (
+    Refinement,
+    load_refinement,
+    refit_constants,
+    side_file,
+    split_as_recorded,
+)
 from npuc.passes.quantization.quantize import ThresholdMap, quantize, thresholds_for_graph
 from npuc.passes.rewrite.canonicalize import canonicalize
 
@@ -171,8 +177,9 @@ class Comparison:
         source = load_model(model)
         self.graph = import_model(source, input_shapes)
         canonicalize(self.graph)
-        if refinement is not None:  # what the build applies from the table's side file: the split, the refit
-            self.graph = apply_refinement(self.graph, refinement)
+        self.refinement = refinement  # what the build applies from the table's side file: the split, the refit
+        if refinement is not None:  # the float reference stays the model's: the split is exact, the refit is not
+            self.graph = split_as_recorded(self.graph, refinement)
         if isinstance(table, ThresholdMap):
             self.thresholds = table
         else:  # the source model's table names place rows of BN-folded convs (`<conv out>_Conv`)
@@ -226,7 +233,11 @@ class Comparison:
         and what the automatic choices judge, and with `per_layer` every quantized tensor (the per-layer pooling
         costs as much as the quantized run on large models; searches that only score the outputs skip it)."""
         chosen = list(dict.fromkeys([*self.base_float, *float_layers]))
-        qgraph = quantize(self.graph, self.thresholds, self.scheme, self.float_names(chosen))
+        names = self.float_names(chosen)
+        graph = (
+            self.graph if self.refinement is None else refit_constants(self.graph, self.refinement, float_layers=names)
+        )
+        qgraph = quantize(graph, self.thresholds, self.scheme, names)
         outputs = {name: Agreement(name) for name in self.graph.outputs}
         judged = {name: Agreement(tensor) for name, tensor in self.judged.items() if tensor != name}
         layers: dict[str, Agreement] = {}
@@ -306,7 +317,7 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         raise UserError(f"--auto-mixed {target}: a cosine target must be in (0, 1], e.g. 0.99")
     if max_layers < 1:
         raise UserError(f"--max-float-layers {max_layers} must be at least 1")
-    base_report = evaluate(per_layer=True)  # the layers' losses choose the picks; trials score the outputs only
+    base_report = evaluate(per_layer=True)  # the layers' losses choose the picks
     evaluations = 1
     if base_report.output_cosine >= target:
         reason = "int8 already reaches it"
@@ -322,7 +333,7 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         return MixedResult(target, False, [], base_report.output_cosine, every.output_cosine, base_report,
                            evaluations, reason)  # fmt: skip
     chosen: list[str] = []
-    report, tried = base_report, set()
+    report, tried, last = base_report, set(), []
     budget = 3 * max_layers  # evaluations the greedy phase may spend
     while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
         loss = comparison.local_loss(report)
@@ -334,11 +345,12 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         unit = [n for n in comparison.unit(pick) if n not in chosen]
         if len(chosen) + len(unit) > max_layers:
             continue
-        trial = evaluate(chosen + unit)
+        # with its layers pooled: a kept pick's layers choose the next pick (a re-run would cost a whole trial)
+        trial = evaluate(chosen + unit, per_layer=True)
         evaluations, budget = evaluations + 1, budget - 1
         if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
             chosen += unit
-            report = evaluate(chosen, per_layer=True)  # the same candidate, its layers pooled: not counted
+            report, last = trial, unit
     if report.output_cosine < target:
         reason = (
             f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
@@ -347,7 +359,8 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         return MixedResult(target, False, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
                            reason)  # fmt: skip
     dropped = False
-    for name in list(chosen) if len(chosen) > 1 else []:  # re-check: drop what the others made unnecessary
+    # re-check: drop what the others made unnecessary (not the last pick: without it the target was missed)
+    for name in [n for n in chosen if n not in last] if len(chosen) > 1 else []:
         trial = evaluate([n for n in chosen if n != name])
         evaluations += 1
         if trial.output_cosine >= target:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import io
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,16 +159,31 @@ def load_refinement(path: str | Path) -> Refinement:
     return result
 
 
-def apply_refinement(graph: Graph, refinement: Refinement, where: str = "refinement") -> Graph:
-    """A copy of the canonicalized `graph`, split as recorded, with the refined constants; each must replace a
-    constant of the same shape or be a new `<op>_refined_bias` of an existing op (else a UserError: the file
-    is for another model)."""
-    if refinement.groupings:
-        graph = apply_groupings(graph, refinement.groupings, where).graph
+def apply_refinement(graph: Graph, refinement: Refinement, where: str = "refinement",
+                     float_layers: Collection[str] = ()) -> Graph:  # fmt: skip
+    """A copy of the canonicalized `graph`, split as recorded, with the refined constants (`refit_constants`)."""
+    return refit_constants(split_as_recorded(graph, refinement, where), refinement, where, float_layers)
+
+
+def split_as_recorded(graph: Graph, refinement: Refinement, where: str = "refinement") -> Graph:
+    """The canonicalized `graph` split into the recorded channel groups (itself when there are none); the
+    split is exact in float, so its constants are still the model's."""
+    return apply_groupings(graph, refinement.groupings, where).graph if refinement.groupings else graph
+
+
+def refit_constants(split: Graph, refinement: Refinement, where: str = "refinement",
+                    float_layers: Collection[str] = ()) -> Graph:  # fmt: skip
+    """A copy of the `split` graph with the refined constants; each must replace a constant of the same shape
+    or be a new `<op>_refined_bias` of an existing op (else a UserError: the file is for another model).
+
+    Ops in `float_layers` (op or output names, as `quantize` reads them) keep the model's constants: a refit
+    corrects the int8 rounding of its layer and the layers before it, which a layer in bf16 does not have, so
+    applied there it moves the float result away from the model (PP-LCNet's refit graph all in float: output
+    cosine 0.993, the model's constants there: 0.9999)."""
     constants = refinement.constants
-    ops = {op.name: op for op in graph.ops}
+    ops = {op.name: op for op in split.ops}
     for name, value in constants.items():
-        tensor = graph.tensors.get(name)
+        tensor = split.tensors.get(name)
         if tensor is not None:
             if not tensor.is_const or tuple(tensor.shape) != tuple(value.shape):
                 raise UserError(
@@ -177,7 +192,16 @@ def apply_refinement(graph: Graph, refinement: Refinement, where: str = "refinem
                 )
             continue
         op = ops.get(name.removesuffix("_refined_bias")) if name.endswith("_refined_bias") else None
-        weight = graph.const(op.inputs[1]) if op is not None and len(op.inputs) > 1 else None
+        weight = split.const(op.inputs[1]) if op is not None and len(op.inputs) > 1 else None
         if weight is None or value.ndim != 1 or value.size != out_channels(op, weight):
             raise UserError(f"{where}: the model has no tensor {name!r}; the file was made for another model")
-    return apply_constants(graph, constants)
+    kept = set(float_layers)
+    if kept:
+        floated = {op.name for op in split.ops if kept & {op.name, *op.outputs}}
+        users: dict[str, set[str]] = {}
+        for op in split.ops:
+            for name in op.inputs:
+                users.setdefault(name, set()).add(op.name)
+        constants = {name: value for name, value in constants.items()
+                     if not (users.get(name) or {name.removesuffix("_refined_bias")}) <= floated}  # fmt: skip
+    return apply_constants(split, constants)
