@@ -39,7 +39,7 @@ from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels.conv import conv2d_nchw, pad_hw, windows
 from npuc.passes.calibration.augment import augment_feeds
 from npuc.passes.calibration.gptq import round_refit
-from npuc.passes.quantization.qsim import Simulator, depthwise_conv, is_depthwise, output_cosines, stack_feeds
+from npuc.passes.quantization.qsim import Simulator, is_depthwise, output_cosines, stack_feeds
 
 METHODS = ("bias", "weights")  # what `npuc calibrate --refine` offers
 BENCH_METHODS = ("gptq", "weights+views", "gptq+views")  # measured, no better than "weights" (module docstring)
@@ -115,7 +115,7 @@ def linear(op: Op, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.nda
     """The op's output before its fused activation."""
     if op.kind == "conv2d":
         a = op.attrs
-        y = depthwise_conv(x, w, op) if is_depthwise(op, w) else conv2d_nchw(x, w, a.strides, a.pads, a.dilations, 1)
+        y = conv2d_nchw(x, w, a.strides, a.pads, a.dilations, a.group)  # depthwise: a sum over its taps
         return y if b is None else y + b.astype(np.float32).reshape(1, -1, 1, 1)
     y = x @ _as_matrix(op, w).astype(np.float32)
     return y if b is None else y + b.astype(np.float32).reshape(-1)

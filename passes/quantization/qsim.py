@@ -22,8 +22,6 @@ from npuc.compiler.errors import UserError
 from npuc.compiler.interp import to_graph_layout
 from npuc.compiler.ir import Graph, Op
 from npuc.compiler.kernels import FLOAT_KERNELS
-from npuc.compiler.kernels.activation import apply_activation
-from npuc.compiler.kernels.conv import depthwise_nchw
 
 Env = dict[str, np.ndarray]
 QUANTIZED_WEIGHT_KINDS = ("conv2d", "gemm", "matmul")
@@ -47,12 +45,6 @@ def is_depthwise(op: Op, weight: np.ndarray) -> bool:
     return op.kind == "conv2d" and op.attrs.group > 1 and weight.shape[1] == 1 and weight.shape[0] == op.attrs.group
 
 
-def depthwise_conv(x: np.ndarray, w: np.ndarray, op: Op) -> np.ndarray:
-    """Depthwise conv in float32 (no bias, no activation)."""
-    a = op.attrs
-    return depthwise_nchw(x.astype(np.float32, copy=False), w, a.strides, a.pads, a.dilations)
-
-
 def op_forward(graph: Graph, op: Op, args: list[np.ndarray], batch: int) -> np.ndarray:
     """One op in float on a batch (the first output only)."""
     return op_outputs(graph, op, args, batch)[0]
@@ -66,11 +58,6 @@ def op_outputs(graph: Graph, op: Op, args: list[np.ndarray], batch: int) -> list
     # a concat part made of constants alone (a decode grid) holds one sample's worth: the same for every sample
     if op.kind == "concat" and batch > 1 and op.attrs.axis % len(args[0].shape) != 0:
         args = [np.broadcast_to(a, (batch, *a.shape[1:])) if a.shape[0] == 1 else a for a in args]
-    if op.kind == "conv2d" and is_depthwise(op, args[1]):
-        y = depthwise_conv(args[0], args[1], op)
-        if len(args) > 2:
-            y += args[2].astype(np.float32).reshape(1, -1, 1, 1)
-        return [apply_activation(y, op.attrs.act)]
     return list(FLOAT_KERNELS[op.kind](op, args))
 
 
