@@ -69,13 +69,15 @@ class Agreement:
         """Pool one sample; `class_axis`: the axis of class scores, whose argmax (per position along the other
         axes) is compared for top-1 agreement."""
         r, q = ref.astype(np.float64).ravel(), quant.astype(np.float64).ravel()
-        pair = float(np.sqrt((r @ r) * (q @ q)))
-        self.sample_cosines.append(float(r @ q) / pair if pair else float(np.array_equal(r, q)))
-        self._dot += float(r @ q)
-        self._ref2 += float(r @ r)
-        self._q2 += float(q @ q)
-        self._err2 += float((r - q) @ (r - q))
-        self.max_abs_error = max(self.max_abs_error, float(np.abs(r - q).max(initial=0.0)))
+        dot, ref2, q2 = float(r @ q), float(r @ r), float(q @ q)
+        pair = float(np.sqrt(ref2 * q2))
+        self.sample_cosines.append(dot / pair if pair else float(np.array_equal(r, q)))
+        self._dot += dot
+        self._ref2 += ref2
+        self._q2 += q2
+        error = np.subtract(r, q, out=r)  # r is a copy (astype), reused for the error
+        self._err2 += float(error @ error)
+        self.max_abs_error = max(self.max_abs_error, float(np.abs(error, out=error).max(initial=0.0)))
         if class_axis is not None:
             quant = quant.reshape(ref.shape)
             self._top1 += list((ref.argmax(class_axis) == quant.argmax(class_axis)).ravel())
