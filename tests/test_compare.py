@@ -311,3 +311,27 @@ def test_top1_agreement_is_per_position_along_the_class_axis():
     none = Agreement("boxes")
     none.add(ref, quant)
     assert none.top1_agreement is None
+
+
+def test_top1_agreement_where_float_is_confident() -> None:
+    """Top-1 agreement per position along the class axis, and the same over the positions whose float top
+    probability is at least 0.8 (from logits through a softmax, or the probabilities themselves): an int8 flip
+    where float hesitates is told apart from one where it is sure."""
+    from npuc.passes.calibration.compare import Agreement
+
+    logits = np.array([[4.0, 0.0, 0.0], [0.1, 0.0, 0.0]])  # sure (p 0.96) / hesitant (p 0.36)
+    flipped = np.array([[3.0, 0.0, 0.0], [0.0, 0.2, 0.0]])  # the hesitant position flips
+    a = Agreement("logits")
+    a.add(logits, flipped, class_axis=1)
+    assert a.top1_agreement == 0.5 and a.confident_top1 == 1.0 and a.confident_positions == 1
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    b = Agreement("probs")
+    b.add(probs, np.exp(flipped) / np.exp(flipped).sum(1, keepdims=True), class_axis=1, probabilities=True)
+    assert (b.top1_agreement, b.confident_top1, b.confident_positions) == (0.5, 1.0, 1)
+    sure_flip = Agreement("sure flip")
+    sure_flip.add(logits[:1], np.array([[0.0, 4.0, 0.0]]), class_axis=1)
+    assert sure_flip.confident_top1 == 0.0 and sure_flip.confident_positions == 1
+    hesitant = Agreement("hesitant")
+    hesitant.add(logits[1:], flipped[1:], class_axis=1)
+    assert hesitant.confident_top1 is None and hesitant.confident_positions == 0
+    assert "confident_top1" not in a.public()  # the JSON report keeps its fields

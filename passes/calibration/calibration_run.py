@@ -159,11 +159,18 @@ def closing_report(model: Path, table: Any, report_files: list[Path], pre: Any, 
 
 def report_lines(report: Any, worst: int = 3) -> list[str]:
     """The closing accuracy report: per output on samples no threshold saw, then the worst layers."""
+    from npuc.passes.calibration.compare import CONFIDENT
+
     if report is None:
         return ["held-out report: fewer than 10 samples, none set apart (give more samples to measure)"]
     lines, bf16 = [], f", {len(report.float_layers)} layer(s) in bf16" if report.float_layers else ""
     for out in report.outputs:
         top1 = f", top-1 agreement {out.top1_agreement:.3f}" if out.top1_agreement is not None else ""
+        if out.confident_top1 is not None:
+            n = out.confident_positions
+            top1 += f" ({out.confident_top1:.3f} where float is >= {CONFIDENT:g} sure: {n} position(s))"
+        elif out.top1_agreement is not None:
+            top1 += f" (float is >= {CONFIDENT:g} sure of none)"
         lines.append(f"held-out ({report.samples} samples{bf16}) output {out.name}: cosine {out.cosine:.5f}, "
                      f"SQNR {out.sqnr_db:.1f} dB{top1}")  # fmt: skip
     shown = ", ".join(f"{a.name} {a.cosine:.4f}" for a in report.layers[:worst])

@@ -46,6 +46,7 @@ from npuc.passes.rewrite.canonicalize import canonicalize
 
 # target -> quantize name -> scheme
 TARGET_SCHEMES = {"cv18xx": {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}}
+CONFIDENT = 0.8  # float's top probability from which its top-1 decision counts as confident (bench/accuracy.py)
 REFERENCE_CACHE_BYTES = 1 << 30  # float per-layer references kept between auto-mixed rounds, beyond: recompute
 
 
@@ -58,16 +59,21 @@ class Agreement:
     sqnr_db: float = 0.0
     max_abs_error: float = 0.0
     top1_agreement: float | None = None
+    # top-1 agreement where float gives one class at least CONFIDENT probability (how many such positions)
+    confident_top1: float | None = None
+    confident_positions: int = 0
     _dot: float = field(default=0.0, repr=False)
     _ref2: float = field(default=0.0, repr=False)
     _q2: float = field(default=0.0, repr=False)
     _err2: float = field(default=0.0, repr=False)
     _top1: list[bool] = field(default_factory=list, repr=False)
+    _confident: list[bool] = field(default_factory=list, repr=False)
     sample_cosines: list[float] = field(default_factory=list, repr=False)  # one per add()
 
-    def add(self, ref: np.ndarray, quant: np.ndarray, class_axis: int | None = None) -> None:
+    def add(self, ref: np.ndarray, quant: np.ndarray, class_axis: int | None = None,
+            probabilities: bool = False) -> None:  # fmt: skip
         """Pool one sample; `class_axis`: the axis of class scores, whose argmax (per position along the other
-        axes) is compared for top-1 agreement."""
+        axes) is compared for top-1 agreement; `probabilities`: the scores are a softmax's (else logits)."""
         r, q = ref.astype(np.float64).ravel(), quant.astype(np.float64).ravel()
         dot, ref2, q2 = float(r @ q), float(r @ r), float(q @ q)
         pair = float(np.sqrt(ref2 * q2))
@@ -80,14 +86,22 @@ class Agreement:
         self.max_abs_error = max(self.max_abs_error, float(np.abs(error, out=error).max(initial=0.0)))
         if class_axis is not None:
             quant = quant.reshape(ref.shape)
-            self._top1 += list((ref.argmax(class_axis) == quant.argmax(class_axis)).ravel())
+            agree = (ref.argmax(class_axis) == quant.argmax(class_axis)).ravel()
+            self._top1 += list(agree)
+            scores = ref.astype(np.float64)
+            if not probabilities:  # the largest softmax probability from logits: 1 / sum(exp(l - max))
+                scores = 1.0 / np.exp(scores - scores.max(class_axis, keepdims=True)).sum(class_axis, keepdims=True)
+            self._confident += list(agree[(scores.max(class_axis) >= CONFIDENT).ravel()])
         norm = np.sqrt(self._ref2 * self._q2)
         self.cosine = self._dot / norm if norm else float(self._ref2 == self._q2)
         self.sqnr_db = 10 * np.log10(self._ref2 / self._err2) if self._err2 else float("inf")
         self.top1_agreement = float(np.mean(self._top1)) if self._top1 else None
+        self.confident_top1 = float(np.mean(self._confident)) if self._confident else None
+        self.confident_positions = len(self._confident)
 
     def public(self) -> dict[str, object]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k != "sample_cosines"}
+        hidden = ("sample_cosines", "confident_top1", "confident_positions")
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k not in hidden}
 
 
 @dataclass
@@ -244,11 +258,12 @@ class Comparison:
         judged = {name: Agreement(tensor) for name, tensor in self.judged.items() if tensor != name}
         layers: dict[str, Agreement] = {}
         class_axes = self.class_axes
+        softmaxed = {name: getattr(self.producers.get(name), "kind", None) == "softmax" for name in outputs}
         for i, feed in enumerate(self.feeds):
             ref_all = self.ref_layers(i)
             q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
             for name, agreement in outputs.items():
-                agreement.add(self.ref_outputs[i][name], q_all[name], class_axes[name])
+                agreement.add(self.ref_outputs[i][name], q_all[name], class_axes[name], softmaxed[name])
             for agreement in judged.values():
                 name = agreement.name
                 agreement.add(ref_all[name], _as_float(qgraph, name, q_all[name]))
