@@ -253,3 +253,17 @@ def test_split_channels_says_when_it_split_nothing(family: str, why: str, tmp_pa
     assert table.is_file() and not side_file(table).exists()
     (note,) = [n for n in done.notes if n.startswith("--split-channels 3 split nothing")]
     assert why in note  # (tests/test_onet_refine_cli.py: no such note where runs split)
+
+
+def test_a_group_dead_on_every_sample_keeps_the_tensors_threshold() -> None:
+    """A group whose channels are zero on every sample (PP-OCRv6 rec's first ReLUs) takes its tensor's
+    threshold, not the all-zero floor of 1e-5: with 1e-5 the convs around it requantized outside the range the
+    vendor simulator and npuc's agree on (rec's vendor output cosine 0.80 against npuc's 0.98); any threshold
+    keeps its zeros. Live groups keep min(tensor threshold, their peak)."""
+    from npuc.compiler.ir import Graph
+    from npuc.passes.calibration.channel_split import ChannelSplit, group_thresholds
+
+    split = ChannelSplit(Graph(), groups={"relu": ["relu.g0", "relu.g1"], "other": ["other.g0"]})
+    peaks = {"relu.g0": np.zeros(4, np.float32), "relu.g1": np.array([0.5, 3.0]), "other.g0": np.array([0.25])}
+    made = group_thresholds(split, {"relu": 2.0, "other": 1.0}, peaks)
+    assert made == {"relu.g0": 2.0, "relu.g1": 2.0, "other.g0": 0.25}

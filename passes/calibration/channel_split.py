@@ -322,13 +322,19 @@ def split_channel_groups(graph: Graph, peaks: Mapping[str, np.ndarray], k: int) 
 def group_thresholds(split: ChannelSplit, thresholds: Mapping[str, float], peaks: Mapping[str, np.ndarray]) -> dict:
     """Thresholds of the group tensors derived from the original tensor's: min(its threshold, the group's
     largest channel peak), as a per-channel threshold min(threshold, channel peak) coarsened to the group.
-    `peaks` are channel peaks of the split graph (`channel_peaks(split.graph, ...)`)."""
-    return {
-        name: min(float(thresholds[orig]), max(float(np.max(peaks[name])), MIN_THRESHOLD))
-        for orig, names in split.groups.items()
-        if orig in thresholds
-        for name in names
-    }
+    `peaks` are channel peaks of the split graph (`channel_peaks(split.graph, ...)`).
+
+    A group that is zero on every sample (dead channels: PP-OCRv6 rec's first ReLUs) keeps the tensor's own
+    threshold: any threshold reproduces its zeros, and tpu-mlir's all-zero floor (1e-5) there made the
+    requantization of the convs around it leave the range the vendor simulator and npuc's agree on."""
+    found = {}
+    for orig, names in split.groups.items():
+        if orig not in thresholds:
+            continue
+        for name in names:
+            peak = float(np.max(peaks[name]))
+            found[name] = float(thresholds[orig]) if peak < MIN_THRESHOLD else min(float(thresholds[orig]), peak)
+    return found
 
 
 def channel_peaks(graph: Graph, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
