@@ -348,3 +348,12 @@ def test_horizon_scale():
     assert per_axis.tolist() == [[2, 2], [4, 4], [1, 1]]
     with pytest.raises(UserError):
         horizon_scale_quantize(x, 1.0, dtype="s16")
+
+
+def test_wrap_int32_is_a_32_bit_accumulator() -> None:
+    from npuc.compiler.numformats.rounding import INT32_MAX, INT32_MIN, wrap_int32
+
+    x = np.array([0, 5, -5, INT32_MAX, INT32_MIN, INT32_MAX + 1, INT32_MAX + 64516, INT32_MIN - 1, 3 << 33], np.int64)
+    want = np.array([0, 5, -5, INT32_MAX, INT32_MIN, INT32_MIN, INT32_MIN + 64515, INT32_MAX, 0], np.int64)
+    np.testing.assert_array_equal(wrap_int32(x), want)
+    np.testing.assert_array_equal(wrap_int32(x), x.astype(np.int32).astype(np.int64))  # two's complement

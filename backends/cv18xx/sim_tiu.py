@@ -15,6 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
+from npuc.compiler.numformats.rounding import wrap_int32
 from npuc.compiler.toward_zero import accumulate_products, accumulate_windows
 
 # cv183x spells some fields differently; the kernels use the cv182x names.
@@ -263,7 +264,9 @@ def _finish(ctx: TiuContext, acc: np.ndarray) -> None:
     elif f["opt_chl_quan"]:
         bias, mult, shift = ctx.channel_params(oc)
         idx = (None, slice(None), None, None)
-        ctx.write_res(saturate(qdm(acc + bias[idx], mult[idx], shift[idx]), relu))
+        # the sums plus the bias are a 32-bit accumulator: it wraps (a bias saturated at int32 beside a tiny
+        # input scale, PP-OCRv6 rec's dead channels at threshold 1e-5, runs so on the vendor simulator)
+        ctx.write_res(saturate(qdm(wrap_int32(acc + bias[idx]), mult[idx], shift[idx]), relu))
     else:
         ctx.write_res(saturate(round_shift(acc, f["opt_res_shift"]), relu))
 

@@ -50,3 +50,8 @@ def saturate(x: np.ndarray, dtype: np.dtype | type) -> np.ndarray:
     """Clip integral-valued `x` to the range of integer `dtype` and cast."""
     info = np.iinfo(dtype)
     return np.clip(np.asarray(x), info.min, info.max).astype(dtype)
+
+
+def wrap_int32(x: np.ndarray) -> np.ndarray:
+    """Integers reduced to int32 two's complement (int64 out): a 32-bit accumulator's overflow, which wraps."""
+    return ((np.asarray(x, np.int64) - INT32_MIN) & 0xFFFFFFFF) + INT32_MIN

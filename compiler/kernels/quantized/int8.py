@@ -16,7 +16,7 @@ import numpy as np
 
 from npuc.compiler.numformats.cv18xx_int8 import cv18xx_apply_multiplier_rshift
 from npuc.compiler.numformats.gemmlowp import rounding_divide_by_pot, saturating_rounding_doubling_high_mul
-from npuc.compiler.numformats.rounding import saturate
+from npuc.compiler.numformats.rounding import saturate, wrap_int32
 
 from ...ir import Op
 from ...ops import pool_out_size
@@ -61,7 +61,7 @@ def _conv_output(op: Op, inputs: list[np.ndarray], sums: np.ndarray) -> list[np.
     acc = np.rint(sums).astype(np.int64)
     if len(inputs) > 2:
         acc = acc + inputs[2].astype(np.int64).reshape(1, -1, 1, 1)
-    return [_finish(_requant_qdm(acc, q, 1), q, _relu(op))]
+    return [_finish(_requant_qdm(wrap_int32(acc), q, 1), q, _relu(op))]  # the TIU's 32-bit accumulator wraps
 
 
 def _exact_float(x: np.ndarray, w: np.ndarray) -> type:

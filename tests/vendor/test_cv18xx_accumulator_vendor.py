@@ -1,0 +1,62 @@
+"""The TIU's conv accumulator is 32 bits and wraps: npuc's simulator and int8 reference wrap it the same way.
+
+A conv whose input threshold is tpu-mlir's all-zero floor (1e-5, a tensor that was zero on every calibration
+sample) gets an int32 bias saturated at its limit beside products that are not small in those units; the sums
+plus the bias then leave int32. The vendor simulator wraps them (found on PP-OCRv6 rec's channel split, whose
+dead groups had that threshold: npuc's simulator kept int64 sums and differed by up to 0.998 per output).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npuc.backends.cv18xx.container import read_cvimodel
+from npuc.backends.cv18xx.sim import run_cvimodel
+from npuc.models.netbuilder import NetBuilder
+
+from .cv18xx_build_util import build, calibrated, quantized_reference
+from .cv18xx_sim import run_vendor
+
+C = 4
+
+
+@pytest.fixture(scope="module")
+def wrapping(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[dict[str, np.ndarray]]]:
+    """(model, table, feeds): conv -> relu (called all-zero: 1e-5) -> conv with positive weights and biases."""
+    folder = tmp_path_factory.mktemp("accumulator")
+    b = NetBuilder("wrap", np.random.default_rng(3))
+    dead = b.op("Relu", b.conv("input", 3, C, k=3))
+    out = b.conv(dead, C, C, k=1)
+    model = b.build({"input": (1, 3, 8, 8)}, {"output": out}, opset=14)
+    last_bias = [node for node in model.graph.node if node.op_type == "Conv"][-1].input[2]
+    for init in model.graph.initializer:  # positive weights and biases, the last bias large: its int32 code
+        values = np.abs(np.frombuffer(init.raw_data, np.float32)) + np.float32(0.05)  # saturates, the sums add
+        init.raw_data = (values * np.float32(100 if init.name == last_bias else 1)).astype(np.float32).tobytes()
+    path = folder / "wrap.onnx"
+    path.write_bytes(model.SerializeToString())
+    table = calibrated(path, folder)  # then the ReLU's row as an all-zero tensor's
+    rows = [line.split() for line in table.read_text().splitlines()]
+    assert any(row and row[0].startswith(dead) for row in rows)
+    table.write_text("".join(" ".join([row[0], "0.0000100", "-0.0000000", "0.0000000"] if row and
+                                      row[0].startswith(dead) else row) + "\n" for row in rows))  # fmt: skip
+    rng = np.random.default_rng(0)
+    feeds = [{"input": rng.uniform(0.0, 1.0, (1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
+    return path, table, feeds
+
+
+def test_wrapped_accumulator_runs_as_on_the_vendor_simulator(wrapping, tmp_path: Path) -> None:  # noqa: ANN001
+    model, table, feeds = wrapping
+    path = build(model, table, "cv183x", "int8", tmp_path / "wrap.cvimodel")
+    cvimodel = read_cvimodel(path)
+    wrapped = False
+    for feed in feeds:
+        (vendor,) = run_vendor(path, feed).values()
+        (ours,) = run_cvimodel(cvimodel, feed).values()
+        reference = quantized_reference(model, table, feed)
+        np.testing.assert_array_equal(ours, vendor)
+        np.testing.assert_array_equal(np.asarray(reference["output"]).reshape(vendor.shape), vendor)
+        wrapped |= bool((np.asarray(vendor) < 0).any())  # int64 sums would saturate every output at the top
+    assert wrapped
