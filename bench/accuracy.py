@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from npuc.passes.calibration.compare import CONFIDENT  # float's top probability of a confident decision
+
 MODEL = "pplcnet_orientation"
-CONFIDENT = 0.8
 ROTATIONS = (0, 90, 180, 270)
 TUNE_SAMPLES = 5  # tpu-mlir's run_calibration --tune_num default
 # skimage.data pictures besides images.py's lists that load offline (stereo_motorcycle: its left view)
@@ -100,7 +101,7 @@ def _cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
 
 def score(label: str, ref: np.ndarray, got: np.ndarray, seconds: float) -> Accuracy:
     """Top-1 agreement where fp32 is confident, and output cosines; `ref`/`got` are [pictures, classes]."""
-    confident = ref.max(axis=1) > CONFIDENT
+    confident = ref.max(axis=1) >= CONFIDENT
     agree = ref.argmax(axis=1) == got.argmax(axis=1)
     cos = _cosines(ref, got)
     top1 = float(agree[confident].mean()) if confident.any() else float("nan")
@@ -496,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown --methods {unknown}; choose from {list(METHODS)}")
     rows, notes = measure(args.photos, args.mixed, args.max_float, args.diagnose, methods, args.cross)
-    print(f"model {MODEL}; calibration: the same pictures mirrored; confident: fp32 p > {CONFIDENT}")
+    print(f"model {MODEL}; calibration: the same pictures mirrored; confident: fp32 p >= {CONFIDENT}")
     print(HEADER)
     for row in rows:
         print(row.row())

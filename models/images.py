@@ -237,8 +237,17 @@ def _faces_then_photos() -> list[np.ndarray]:
     return face_crops()[:16] + _photos()
 
 
+def _text_pictures() -> list[np.ndarray]:
+    """The two scans with text (a printed page, a photographed sign), each turned four ways, then their central
+    halves: ten real pictures a text or layout detector finds text in."""
+    scans = [load_image(n) for n in ("page", "text")]
+    turned = [rotate(img, degrees) for degrees in (0, 90, 180, 270) for img in scans]
+    halves = [img[img.shape[0] // 4 : -img.shape[0] // 4, img.shape[1] // 4 : -img.shape[1] // 4] for img in scans]
+    return turned + halves
+
+
 def _documents() -> list[np.ndarray]:
-    return [load_image(n) for n in ("page", "text")] + _photos()
+    return _text_pictures() + _photos()
 
 
 PICTURES: dict[str, Callable[[], list[np.ndarray]]] = {

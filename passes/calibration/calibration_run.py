@@ -198,7 +198,8 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
         feeds = [load_sample(p, inputs, pre) for p in held_out]
         mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base, refinement)
         chosen = mixed.float_layers
-        verdict = "" if mixed.reached else "NOT reached, the qtable holds the best layers found: "
+        kept = "the qtable holds the best layers found" if base or chosen or explicit else "no qtable written"
+        verdict = "" if mixed.reached else f"NOT reached, {kept}: "
         shown = ", ".join(chosen[:6]) + (", ..." if len(chosen) > 6 else "")
         comments.append(f"npuc calibrate --target-cos {target} on {len(feeds)} held-out sample(s): {mixed.reason}")
         comments.append(f"int8 output cosine on them {mixed.int8_cosine:.6f}")
