@@ -287,6 +287,37 @@ def test_every_op_exact_form_is_bit_exact(tmp_path, float_layers, modes):
     assert bad == {} and count == sum(1 for t in qgraph.tensors.values() if t.dtype == "int8" and not t.is_const)
 
 
+def test_exact_form_wraps_the_conv_accumulator(tmp_path):
+    """A conv whose input has tpu-mlir's all-zero threshold (1e-5) gets an int32 bias saturated at its limit;
+    with large products beside it the sum leaves int32 and wraps, in the reference (as on the vendor simulator,
+    tests/vendor/test_cv18xx_accumulator_vendor.py) and in the exact form."""
+    from npuc.models.netbuilder import NetBuilder
+
+    b = NetBuilder("wrap", np.random.default_rng(3))
+    dead = b.op("Relu", b.conv("input", 3, 4, k=3))
+    model = b.build({"input": (1, 3, 8, 8)}, {"output": b.conv(dead, 4, 4, k=1)}, opset=14)
+    last_bias = [node for node in model.graph.node if node.op_type == "Conv"][-1].input[2]
+    for init in model.graph.initializer:  # positive weights and biases, the last bias large: the sums add up
+        values = (np.abs(numpy_helper.to_array(init)) + 0.05) * (100 if init.name == last_bias else 1)
+        init.CopyFrom(numpy_helper.from_array(values.astype(np.float32), init.name))
+    onnx.save(model, tmp_path / "wrap.onnx")
+    graph = import_and_canon(tmp_path / "wrap.onnx")
+    feeds = [{"input": np.random.default_rng(i).uniform(0, 1, (1, 3, 8, 8)).astype(np.float32)} for i in range(2)]
+    th = ThresholdMap()
+    for feed in feeds:
+        for name, v in run(graph, feed, keep_all=True).items():
+            th.thresholds[name] = max(th.thresholds.get(name, 1e-3), float(np.abs(v).max()))
+    th.thresholds[dead] = 1e-5
+    qgraph = quantize(graph, th, "cv18xx_int8")
+    exact = session(write_qdq_exact(qgraph))
+    wrapped = False
+    for feed in feeds:
+        ours = run(qgraph, feed, kernels=QUANT_KERNELS)["output"]
+        np.testing.assert_array_equal(exact.run(None, feed)[0], ours)
+        wrapped |= bool((ours < 0).any())  # int64 sums would put every output at the top
+    assert wrapped
+
+
 def _run_builder(e: ExactBuilder, out: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
     in_types = {np.dtype(np.int64): TensorProto.INT64, np.dtype(np.float32): TensorProto.FLOAT}
     inputs = [helper.make_tensor_value_info(k, in_types[v.dtype], list(v.shape)) for k, v in feeds.items()]

@@ -6,7 +6,8 @@ reference (compiler/kernels/quantized) appears in the model under its IR name wi
 
 What is exact integer and what is not:
 
-- exact integer: conv / depthwise (ConvInteger -> int32, + int32 bias in int64), gemm/matmul
+- exact integer: conv / depthwise (ConvInteger -> int32, + int32 bias in int64, wrapped to int32 as the TIU's
+  accumulator wraps), gemm/matmul
   (MatMulInteger), the QDM requantization `RoundingDivideByPOT(SRDHM(acc, M), r)` written as one floor
   division on non-negative int64, `sign(acc)·⌊(|acc|·M + 2^30 − [acc<0] + 2^(r−1)·2^31) / 2^(31+r)⌋`
   (the two roundings of gemmlowp nest into one floor); eltwise add/sub/max/min, concat, average pools
@@ -111,6 +112,12 @@ class ExactBuilder:
         clipped = self.b.node("Clip", [y, self.c("lo", np.int64(lo)), self.c("hi", np.int64(max(hi, lo)))])
         return self.cast(clipped, TensorProto.INT8, out)
 
+    def wrap_int32(self, acc: str) -> str:
+        """An int64 sum reduced to int32 two's complement: the TIU's 32-bit conv accumulator wraps (a saturated
+        bias beside large products leaves int32; compiler/numformats/rounding.wrap_int32)."""
+        half, span = self.c("int32_half", np.int64(1) << 31), self.c("int32_span", np.int64(1) << 32)
+        return self.b.node("Sub", [self.b.node("Mod", [self.b.node("Add", [acc, half]), span]), half])
+
     def to_i64(self, x: str) -> str:
         return self.cast(x, I64)
 
@@ -160,7 +167,8 @@ def _conv(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
     if len(ins) > 2:
         acc = e.b.node("Add", [acc, e.b.node("Reshape", [e.to_i64(ins[2]), e.c("bias_shape", _i64([1, -1, 1, 1]))])])
     shape = _channel_shape(4, 1, np.asarray(q.multiplier).size)
-    e.finish(e.qdm(acc, np.ravel(q.multiplier), np.ravel(q.rshift), shape), op.outputs[0], _relu(op), q.relu_max)
+    qdm = e.qdm(e.wrap_int32(acc), np.ravel(q.multiplier), np.ravel(q.rshift), shape)
+    e.finish(qdm, op.outputs[0], _relu(op), q.relu_max)
 
 
 def _conv_transpose(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
@@ -186,7 +194,8 @@ def _conv_transpose(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None
     if len(ins) > 2:
         acc = e.b.node("Add", [acc, e.b.node("Reshape", [e.to_i64(ins[2]), e.c("bias_shape", _i64([1, -1, 1, 1]))])])
     shape = _channel_shape(4, 1, np.asarray(q.multiplier).size)
-    e.finish(e.qdm(acc, np.ravel(q.multiplier), np.ravel(q.rshift), shape), op.outputs[0], _relu(op), q.relu_max)
+    qdm = e.qdm(e.wrap_int32(acc), np.ravel(q.multiplier), np.ravel(q.rshift), shape)
+    e.finish(qdm, op.outputs[0], _relu(op), q.relu_max)
 
 
 def _gemm(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
