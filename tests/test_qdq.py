@@ -287,16 +287,18 @@ def test_every_op_exact_form_is_bit_exact(tmp_path, float_layers, modes):
     assert bad == {} and count == sum(1 for t in qgraph.tensors.values() if t.dtype == "int8" and not t.is_const)
 
 
-def test_exact_form_wraps_the_conv_accumulator(tmp_path):
-    """A conv whose input has tpu-mlir's all-zero threshold (1e-5) gets an int32 bias saturated at its limit;
-    with large products beside it the sum leaves int32 and wraps, in the reference (as on the vendor simulator,
-    tests/vendor/test_cv18xx_accumulator_vendor.py) and in the exact form."""
+@pytest.mark.parametrize("head", ["conv", "gemm"])
+def test_exact_form_wraps_the_accumulator(tmp_path, head):
+    """A conv or FC whose input has tpu-mlir's all-zero threshold (1e-5) gets an int32 bias saturated at its
+    limit; with large products beside it the sum leaves int32 and wraps, in the reference (as on the vendor
+    simulator, tests/vendor/test_cv18xx_accumulator_vendor.py) and in the exact form."""
     from npuc.models.netbuilder import NetBuilder
 
     b = NetBuilder("wrap", np.random.default_rng(3))
     dead = b.op("Relu", b.conv("input", 3, 4, k=3))
-    model = b.build({"input": (1, 3, 8, 8)}, {"output": b.conv(dead, 4, 4, k=1)}, opset=14)
-    last_bias = [node for node in model.graph.node if node.op_type == "Conv"][-1].input[2]
+    out = b.conv(dead, 4, 4, k=1) if head == "conv" else b.gemm(b.op("Flatten", dead, axis=1), 4 * 64, 8)
+    model = b.build({"input": (1, 3, 8, 8)}, {"output": out}, opset=14)
+    last_bias = [node for node in model.graph.node if node.op_type in ("Conv", "Gemm")][-1].input[2]
     for init in model.graph.initializer:  # positive weights and biases, the last bias large: the sums add up
         values = (np.abs(numpy_helper.to_array(init)) + 0.05) * (100 if init.name == last_bias else 1)
         init.CopyFrom(numpy_helper.from_array(values.astype(np.float32), init.name))

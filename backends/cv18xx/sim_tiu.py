@@ -437,8 +437,8 @@ def tiu_matmul(ctx: TiuContext) -> None:
         bias = sum(raw[p].astype(np.int64) << (8 * p) for p in range(planes))
         acc = acc + bias.astype(np.int32 if planes == 4 else np.int16).astype(np.int64)
     relu = bool(f["opt_relu_typ"])
-    if f["opt_chl_quan"]:
-        out = saturate(qdm(acc, f["quan_m"], f["opt_res_shift"]), relu)
+    if f["opt_chl_quan"]:  # the products plus the bias are a 32-bit accumulator that wraps, as a conv's
+        out = saturate(qdm(wrap_int32(acc), f["quan_m"], f["opt_res_shift"]), relu)
     else:
         out = saturate(round_shift(acc, f["opt_res_shift"]), relu)
     ctx.write_res(out[:, : rc * rw].reshape(rows, rc, 1, rw), (rows, rc, 1, rw))

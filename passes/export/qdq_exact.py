@@ -7,7 +7,7 @@ reference (compiler/kernels/quantized) appears in the model under its IR name wi
 What is exact integer and what is not:
 
 - exact integer: conv / depthwise (ConvInteger -> int32, + int32 bias in int64, wrapped to int32 as the TIU's
-  accumulator wraps), gemm/matmul
+  accumulator wraps), gemm/matmul (the same wrap)
   (MatMulInteger), the QDM requantization `RoundingDivideByPOT(SRDHM(acc, M), r)` written as one floor
   division on non-negative int64, `sign(acc)·⌊(|acc|·M + 2^30 − [acc<0] + 2^(r−1)·2^31) / 2^(31+r)⌋`
   (the two roundings of gemmlowp nest into one floor); eltwise add/sub/max/min, concat, average pools
@@ -113,7 +113,7 @@ class ExactBuilder:
         return self.cast(clipped, TensorProto.INT8, out)
 
     def wrap_int32(self, acc: str) -> str:
-        """An int64 sum reduced to int32 two's complement: the TIU's 32-bit conv accumulator wraps (a saturated
+        """An int64 sum reduced to int32 two's complement: the TIU's 32-bit conv / matmul accumulator wraps (a saturated
         bias beside large products leaves int32; compiler/numformats/rounding.wrap_int32)."""
         half, span = self.c("int32_half", np.int64(1) << 31), self.c("int32_span", np.int64(1) << 32)
         return self.b.node("Sub", [self.b.node("Mod", [self.b.node("Add", [acc, half]), span]), half])
@@ -208,7 +208,8 @@ def _gemm(e: ExactBuilder, op: Op, q: OpQuant, ins: list[str]) -> None:
     acc = e.to_i64(e.b.node("MatMulInteger", [a_name, b_name]))
     if len(ins) > 2:
         acc = e.b.node("Add", [acc, e.to_i64(ins[2])])
-    e.finish(e.qdm(acc, np.ravel(q.multiplier), np.ravel(q.rshift), None), op.outputs[0], _relu(op), q.relu_max)
+    qdm = e.qdm(e.wrap_int32(acc), np.ravel(q.multiplier), np.ravel(q.rshift), None)
+    e.finish(qdm, op.outputs[0], _relu(op), q.relu_max)
 
 
 def _rescaled(e: ExactBuilder, q: OpQuant, ins: list[str]) -> list[str]:

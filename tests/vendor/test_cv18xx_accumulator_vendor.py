@@ -1,9 +1,11 @@
-"""The TIU's conv accumulator is 32 bits and wraps: npuc's simulator and int8 reference wrap it the same way.
+"""The TIU's conv and matmul accumulators are 32 bits and wrap: npuc's simulator and int8 reference wrap them
+the same way.
 
-A conv whose input threshold is tpu-mlir's all-zero floor (1e-5, a tensor that was zero on every calibration
-sample) gets an int32 bias saturated at its limit beside products that are not small in those units; the sums
-plus the bias then leave int32. The vendor simulator wraps them (found on PP-OCRv6 rec's channel split, whose
-dead groups had that threshold: npuc's simulator kept int64 sums and differed by up to 0.998 per output).
+A conv or fully connected layer whose input threshold is tpu-mlir's all-zero floor (1e-5, a tensor that was
+zero on every calibration sample) gets an int32 bias saturated at its limit beside products that are not small
+in those units; the sums plus the bias then leave int32. The vendor simulator wraps them (found on PP-OCRv6
+rec's channel split, whose dead groups had that threshold: npuc's simulator kept int64 sums and differed by up
+to 0.998 per output). An eltwise multiply's product of two int8 codes cannot leave int32.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from .cv18xx_sim import run_vendor
 C = 4
 
 
-@pytest.fixture(scope="module")
-def wrapping(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[dict[str, np.ndarray]]]:
-    """(model, table, feeds): conv -> relu (called all-zero: 1e-5) -> conv with positive weights and biases."""
+@pytest.fixture(scope="module", params=["conv", "gemm"])
+def wrapping(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[dict[str, np.ndarray]]]:  # noqa: ANN001
+    """(model, table, feeds): conv -> relu (called all-zero: 1e-5) -> a 1x1 conv or a fully connected layer,
+    with positive weights and biases."""
     folder = tmp_path_factory.mktemp("accumulator")
     b = NetBuilder("wrap", np.random.default_rng(3))
     dead = b.op("Relu", b.conv("input", 3, C, k=3))
-    out = b.conv(dead, C, C, k=1)
+    out = b.conv(dead, C, C, k=1) if request.param == "conv" else b.gemm(b.op("Flatten", dead, axis=1), C * 64, 8)
     model = b.build({"input": (1, 3, 8, 8)}, {"output": out}, opset=14)
-    last_bias = [node for node in model.graph.node if node.op_type == "Conv"][-1].input[2]
+    last_bias = [node for node in model.graph.node if node.op_type in ("Conv", "Gemm")][-1].input[2]
     for init in model.graph.initializer:  # positive weights and biases, the last bias large: its int32 code
         values = np.abs(np.frombuffer(init.raw_data, np.float32)) + np.float32(0.05)  # saturates, the sums add
         init.raw_data = (values * np.float32(100 if init.name == last_bias else 1)).astype(np.float32).tobytes()

@@ -111,7 +111,7 @@ def gemm(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     acc = _exact_int_matmul(a, b)
     if len(inputs) > 2:
         acc = acc + inputs[2].astype(np.int64)
-    return [_finish(_requant_qdm(acc, q, None), q, _relu(op))]
+    return [_finish(_requant_qdm(wrap_int32(acc), q, None), q, _relu(op))]  # the TIU's matmul sum wraps too
 
 
 def _scaled_sum(values: list[np.ndarray], q: OpQuant) -> np.ndarray:
