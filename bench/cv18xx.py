@@ -6,8 +6,10 @@ Each (model, chip) builds in a fresh child process, so its peak RSS is its own. 
 - build time: wall seconds of canonicalize + compile_cvimodel in-process (the ONNX import excluded); "cold"
   is the first build in the process (lazy imports and caches included), "warm" the best of two more;
 - peak memory: tracemalloc's peak of Python and numpy allocations during one more build, and the process
-  peak RSS (VmHWM of /proc/self/status, imports included) taken before tracemalloc starts; getrusage's
-  ru_maxrss is not used because Linux carries it over from the parent across fork and exec;
+  peak RSS (VmHWM of /proc/self/status) of a pure compile: imports, the ONNX import and the cold build, taken
+  before any other build runs (what `npuc build` costs; the CLI itself adds its own imports: resnet18_224
+  cv183x `/usr/bin/time -f %M npuc build ...` 198 MiB); getrusage's ru_maxrss is not used because Linux
+  carries it over from the parent across fork and exec;
 - artifact bytes, shared + private gmem, DDR bytes the TDMA moves (backends/cv18xx/traffic.py) with the
   default options and with layer_group=False, the lower bound (weights as stored + TPU inputs + outputs
   once) and the ratio of the traffic to it; the goals also give the artifact and the DDR bytes of the build
@@ -126,10 +128,10 @@ def measure(model: Path, table: Path, chip: str, shapes: dict | None = None) -> 
         return _build_once(model, table, chip, options, shapes)
 
     cold, data, summary = build({})
+    rss_mb = _peak_rss_mb()  # one pure compile, before the other builds' garbage
     warm = min(build({})[0] for _ in range(2))
     _, data_nolg, _ = build({"layer_group": False})
     _, data_raw, _ = build({"compress_weights": False})
-    rss_mb = _peak_rss_mb()
     tracemalloc.start()
     build({})
     traced_peak = tracemalloc.get_traced_memory()[1]
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     print(
         "build s: canonicalize + compile, in-process, ONNX import excluded (cold = first in process, warm = best"
-        " of 2 more)\npeak MB: tracemalloc peak of one build / process peak RSS (VmHWM, imports included)\n"
+        " of 2 more)\npeak MB: tracemalloc peak of one build / peak RSS of a pure compile (VmHWM, with imports)\n"
         "DDR: bytes the TDMA moves (from the cmdbuf bytes); LG = default options, noLG = layer_group False;"
         " bound = weights + TPU inputs + outputs once"
     )

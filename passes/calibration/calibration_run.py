@@ -113,6 +113,8 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
     feeds = [load_sample(choose[i], plan.inputs, pre) for i in evaluation_picks(len(choose))]
     choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
+    if fit == choose:  # too few to set any apart
+        choice.judged_on = "calibration"
     tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
     spread = [load_sample(used[i], plan.inputs, pre) for i in evaluation_picks(len(used))]
     table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)

@@ -53,10 +53,11 @@ class MethodChoice:
     per_tensor: dict[str, str] = field(default_factory=dict)  # IR tensor -> method, where not `method`
     tensor_score: float | None = None  # worst output cosine with the per-tensor choices
     trials: int = 0
+    judged_on: str = "held-out"  # or "calibration": the samples the tables were made from
 
     def summary(self) -> str:
         scores = ", ".join(f"{m} {s:.5f}" for m, s in self.scores.items())
-        line = f"threshold method {self.method}: held-out output (softmax: logits) cosine per method {scores}"
+        line = f"threshold method {self.method}: {self.judged_on} output (softmax: logits) cosine per method {scores}"
         if self.trials:
             counts = Counter(self.per_tensor.values())
             changed = ", ".join(f"{n} {m}" for m, n in sorted(counts.items())) or "none"
