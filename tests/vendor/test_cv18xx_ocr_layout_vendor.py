@@ -117,11 +117,12 @@ def text_detector_default(real_model, tmp_path_factory: pytest.TempPathFactory):
     return model, out, feeds[10:18], feeds[18:]
 
 
-def test_ppocrv6_det_int8_default_on_unseen_text_pictures(text_detector_default) -> None:
-    """Issue 16's int8 cosine >= 0.98 on the pictures a text detector is for: the default build on the mirrored
-    text pictures it never saw, on the vendor simulator. On a photo without text the float map is ~0 everywhere
-    and the cosine measures noise (0.42 - 0.81 on 6 of these photos, max |error| <= 0.06): there the check is that
-    int8 finds no text the float model does not."""
+def test_ppocrv6_det_int8_default_on_mirrored_text_pictures(text_detector_default) -> None:
+    """Issue 16's int8 cosine >= 0.98 on the pictures a text detector is for: the default build, on the vendor
+    simulator, on the mirror images of its ten calibration pictures (the only real text at hand is two scans;
+    a calibration on one scan judged on the other: bench/vs_tpumlir.py). On a photo without text the float map
+    is ~0 everywhere and the cosine measures noise (0.42 - 0.81 on 6 of these photos, max |error| <= 0.06):
+    there the check is that int8 finds no text the float model does not."""
     model, out, photos, text = text_detector_default
     session = ort.InferenceSession(str(model))
     _run_both(out, text[1])
