@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from accumulator_cases import saturating_bias_model, wrap_feeds
 from metrics import cosine
 from onnx import TensorProto, helper, numpy_helper
 from qdq_cases import GOLDEN, cli, import_and_canon, int8_tensor_mismatches, session, smallcnn_feeds
@@ -292,19 +293,10 @@ def test_exact_form_wraps_the_accumulator(tmp_path, head):
     """A conv or FC whose input has tpu-mlir's all-zero threshold (1e-5) gets an int32 bias saturated at its
     limit; with large products beside it the sum leaves int32 and wraps, in the reference (as on the vendor
     simulator, tests/vendor/test_cv18xx_accumulator_vendor.py) and in the exact form."""
-    from npuc.models.netbuilder import NetBuilder
-
-    b = NetBuilder("wrap", np.random.default_rng(3))
-    dead = b.op("Relu", b.conv("input", 3, 4, k=3))
-    out = b.conv(dead, 4, 4, k=1) if head == "conv" else b.gemm(b.op("Flatten", dead, axis=1), 4 * 64, 8)
-    model = b.build({"input": (1, 3, 8, 8)}, {"output": out}, opset=14)
-    last_bias = [node for node in model.graph.node if node.op_type in ("Conv", "Gemm")][-1].input[2]
-    for init in model.graph.initializer:  # positive weights and biases, the last bias large: the sums add up
-        values = (np.abs(numpy_helper.to_array(init)) + 0.05) * (100 if init.name == last_bias else 1)
-        init.CopyFrom(numpy_helper.from_array(values.astype(np.float32), init.name))
+    model, dead = saturating_bias_model(head)
     onnx.save(model, tmp_path / "wrap.onnx")
     graph = import_and_canon(tmp_path / "wrap.onnx")
-    feeds = [{"input": np.random.default_rng(i).uniform(0, 1, (1, 3, 8, 8)).astype(np.float32)} for i in range(2)]
+    feeds = wrap_feeds()
     th = ThresholdMap()
     for feed in feeds:
         for name, v in run(graph, feed, keep_all=True).items():

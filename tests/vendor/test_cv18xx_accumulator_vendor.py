@@ -14,30 +14,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from accumulator_cases import saturating_bias_model, wrap_feeds
 
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
-from npuc.models.netbuilder import NetBuilder
 
 from .cv18xx_build_util import build, calibrated, quantized_reference
 from .cv18xx_sim import run_vendor
 
-C = 4
-
 
 @pytest.fixture(scope="module", params=["conv", "gemm"])
 def wrapping(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[dict[str, np.ndarray]]]:  # noqa: ANN001
-    """(model, table, feeds): conv -> relu (called all-zero: 1e-5) -> a 1x1 conv or a fully connected layer,
-    with positive weights and biases."""
+    """(model, table, feeds) of tests/accumulator_cases.py's model, its ReLU's row at the all-zero threshold."""
     folder = tmp_path_factory.mktemp("accumulator")
-    b = NetBuilder("wrap", np.random.default_rng(3))
-    dead = b.op("Relu", b.conv("input", 3, C, k=3))
-    out = b.conv(dead, C, C, k=1) if request.param == "conv" else b.gemm(b.op("Flatten", dead, axis=1), C * 64, 8)
-    model = b.build({"input": (1, 3, 8, 8)}, {"output": out}, opset=14)
-    last_bias = [node for node in model.graph.node if node.op_type in ("Conv", "Gemm")][-1].input[2]
-    for init in model.graph.initializer:  # positive weights and biases, the last bias large: its int32 code
-        values = np.abs(np.frombuffer(init.raw_data, np.float32)) + np.float32(0.05)  # saturates, the sums add
-        init.raw_data = (values * np.float32(100 if init.name == last_bias else 1)).astype(np.float32).tobytes()
+    model, dead = saturating_bias_model(request.param)
     path = folder / "wrap.onnx"
     path.write_bytes(model.SerializeToString())
     table = calibrated(path, folder)  # then the ReLU's row as an all-zero tensor's
@@ -45,9 +35,7 @@ def wrapping(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     assert any(row and row[0].startswith(dead) for row in rows)
     table.write_text("".join(" ".join([row[0], "0.0000100", "-0.0000000", "0.0000000"] if row and
                                       row[0].startswith(dead) else row) + "\n" for row in rows))  # fmt: skip
-    rng = np.random.default_rng(0)
-    feeds = [{"input": rng.uniform(0.0, 1.0, (1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
-    return path, table, feeds
+    return path, table, wrap_feeds()
 
 
 def test_wrapped_accumulator_runs_as_on_the_vendor_simulator(wrapping, tmp_path: Path) -> None:  # noqa: ANN001
