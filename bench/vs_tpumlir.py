@@ -37,9 +37,9 @@ worst cosine per output, vendor simulator):
   0.977 / 0.969 / 0.931 / 0.958. tpu-mlir's calibration: 630 s CPU.
 - PP-OCRv6 det: npuc 0.9896 / 0.9739, tpu-mlir 0.9901 / 0.9834 (before the text pictures, judged on 8 photos
   and 2 scans: npuc 0.780 / 0.221, tpu-mlir 0.461 / 0.000 - a map of a photo without text is ~0 everywhere).
-  Cross-scan: npuc 0.9736 / 0.9557, tpu-mlir 0.9790 / 0.9668; npuc's default chose max there on its one
-  held-out judge, a photo without text (explicit npuc tables: kl 0.931, max 0.972, kl + tune 0.9787, mse 0.983,
-  percentile 0.985).
+  Cross-scan: npuc 0.9853 / 0.9745 (int8 reference, bit-exact with the simulator), tpu-mlir 0.9790 / 0.9668;
+  0.9736 / 0.9557 when npuc's method was chosen by one set-apart sample, a photo without text, which chose max
+  (explicit npuc tables: kl 0.931, max 0.972, kl + tune 0.9787, mse 0.983, percentile 0.985).
 - PP-OCRv6 rec: npuc 0.9755 / 0.906, top-1 per position 0.929 over 24 text lines; tpu-mlir's model_deploy stops
   ("unimplemented tpu dialect!" at top.Erf: its cv18xx INT8 lowering has no Erf).
 So npuc's default is well above tpu-mlir's on these nets, yet below issue 16's 0.98: `npuc compare

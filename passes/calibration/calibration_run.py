@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+METHOD_FOLDS = 5  # the method choice's cross-validation folds (the fitted candidate is judged on the last)
+
 
 def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
     """Pattern name -> the op names it keeps in float, on the canonical IR (none when `enabled` is false)."""
@@ -77,21 +79,58 @@ def unsplit_note(model: Path, shapes: dict, k: int) -> str:
     return f"--split-channels {k} split nothing: {why}; the table is the unsplit one"
 
 
+@dataclass
+class SampleSplit:
+    """How `--method auto` uses its samples (see calibrate_auto)."""
+
+    report: list  # set apart for the closing report and --target-cos
+    used: list  # the table's
+    folds: list[list]  # the method choice's cross-validation folds of `used`
+    fit: list  # what the fitted candidate fits
+    judges: list  # what judges it
+
+    @classmethod
+    def of(cls, files: list) -> SampleSplit:
+        from npuc.passes.calibration.fit_choice import FIT_MIN_SAMPLES
+
+        report = files[2::5] if len(files) >= 10 else []
+        used = [f for f in files if f not in report]
+        folds = [used[i::METHOD_FOLDS] for i in range(min(METHOD_FOLDS, len(used)))]
+        # the fitted candidate is judged on the last two folds when the others leave enough to fit, else on the last
+        last = 2 if len(folds) > 2 and len(used) - sum(map(len, folds[-2:])) >= FIT_MIN_SAMPLES else 1
+        judges = [f for fold in folds[-last:] for f in fold] if len(folds) > 1 else used  # one: what it fits
+        return cls(report, used, folds, [f for f in used if f not in judges] or used, judges)
+
+    def may_fit(self) -> bool:
+        from npuc.passes.calibration.fit_choice import FIT_MIN_JUDGES, FIT_MIN_SAMPLES
+
+        return len(self.folds) > 1 and len(self.judges) >= FIT_MIN_JUDGES and len(self.fit) >= FIT_MIN_SAMPLES
+
+
+def samples_to_fit() -> int:
+    """The fewest samples with which --method auto tries the fitted candidate."""
+    return next(n for n in range(1, 1000) if SampleSplit.of(list(range(n))).may_fit())
+
+
 def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: Any, pre: Any, shapes: dict,
                     patterns: dict[str, list[str]], options: Any, budget: float,
                     may_fit: str = "") -> AutoCalibration:  # fmt: skip
     """`--method auto` (passes/calibration/method_choice.py, passes/calibration/fit_choice.py). With 10 or more samples
-    every fifth from the third on is set apart for the closing report and stays out of the table. Of the rest, every
-    fifth chooses the method among tables fitted on the others; then the per-tensor search runs on the chosen method's
-    table over all of them (scored on up to 8 of them, spread). The table is made from all but the report
-    samples. Then the fitted candidate (split, tune, refit) is fitted on the samples that did not choose the
-    method and judged on those that did; `may_fit` non-empty: why it may not be tried (the summary says so)."""
+    every fifth from the third on is set apart for the closing report and stays out of the table. The rest fall
+    into METHOD_FOLDS folds (every fifth sample); the method is chosen by cross-validation over them (each fold
+    judges the tables of the others), then the per-tensor search runs on the chosen method's table over all of
+    them (scored on up to 8 of them, spread). The table is made from all but the report samples. Then the fitted
+    candidate (split, tune, refit) is fitted on the samples of all folds but the last one or two and judged on
+    theirs (SampleSplit); `may_fit` non-empty: why it may not be tried (the summary says so)."""
     from dataclasses import replace
+    from functools import reduce
 
     from npuc.passes.calibration.calibrate import plan_calibration, stats_to_table
-    from npuc.passes.calibration.fit_choice import FIT_MIN_JUDGES, FIT_OPTIONS, FitChoice, choose_fitted
+    from npuc.passes.calibration.fit_choice import FIT_OPTIONS, FitChoice, choose_fitted
     from npuc.passes.calibration.method_choice import (
         AUTO_METHODS,
+        AUTO_SAMPLES,
+        Fold,
         choose_method,
         choose_tensor_methods,
         evaluation_picks,
@@ -99,30 +138,35 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     from npuc.passes.calibration.preprocess import list_samples, load_sample
 
     files = list_samples(data, limit)
-    report = files[2::5] if len(files) >= 10 else []
-    used = [f for f in files if f not in report]
-    choose = used[4::5] if len(used) >= 5 else used  # too few to set any apart: measured on what they fit
-    fit = [f for f in used if f not in choose] or used
+    split = SampleSplit.of(files)
+    report, used, folds, fit, choose = split.report, split.used, split.folds, split.fit, split.judges
     start = time.perf_counter()
     ranges = frozen if frozen is not None else run(used, range_only=True).stats
-    fitted = run(fit, ranges=ranges, keep_histograms=True)
-    stats = fitted.stats
-    if fit != choose:
-        stats = stats.merge(run(choose, ranges=ranges, keep_histograms=True).stats)
+    runs = [run(fold, ranges=ranges, keep_histograms=True) for fold in folds]
+    stats = reduce(lambda a, b: a.merge(b), (r.stats for r in runs))
     plan = plan_calibration(model, shapes or None)
     layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
-    feeds = [load_sample(choose[i], plan.inputs, pre) for i in evaluation_picks(len(choose))]
-    choice = choose_method(model, fitted.stats, options, feeds, shapes or None, layers)
-    if fit == choose:  # too few to set any apart
+    # each fold's spread picks judge the tables made without it (its own, when there is one fold)
+    per_fold = -(-AUTO_SAMPLES // len(folds))
+    judges = [[fold[i] for i in evaluation_picks(len(fold), per_fold)] for fold in folds]
+    judge_feeds = [load_sample(f, plan.inputs, pre) for found in judges for f in found]
+    rounds, place = [], 0
+    for i, found in enumerate(judges):
+        rest = [r.stats for j, r in enumerate(runs) if j != i] or [stats]
+        rounds.append(Fold(reduce(lambda a, b: a.merge(b), rest), list(range(place, place + len(found)))))
+        place += len(found)
+    choice = choose_method(model, rounds, judge_feeds, options, shapes or None, layers)
+    if len(folds) == 1:
         choice.judged_on = "calibration"
+    fitted = runs[0]
+    feeds = [load_sample(choose[i], plan.inputs, pre) for i in evaluation_picks(len(choose))]
     tables = {m: stats_to_table(stats, replace(options, method=m)) for m in AUTO_METHODS}
     spread = [load_sample(used[i], plan.inputs, pre) for i in evaluation_picks(len(used))]
     table = choose_tensor_methods(model, tables, choice, spread, shapes or None, layers, budget)
     others = f", {len(choice.per_tensor)} tensors by other methods" if choice.per_tensor else ""
     table.method = f"auto ({choice.method}{others})"
-    choice.table = table
-    if not may_fit and (fit == choose or len(choose) < FIT_MIN_JUDGES):
-        may_fit = f"it is judged on samples it does not fit: give {5 * FIT_MIN_JUDGES + 3} or more samples"
+    if not may_fit and not split.may_fit():
+        may_fit = f"it is judged on samples it does not fit: give {samples_to_fit()} or more samples"
     if may_fit:
         fitting = FitChoice(0.0, 0, 0, may_fit)
     else:

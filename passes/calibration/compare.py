@@ -99,6 +99,14 @@ class Agreement:
         self.confident_top1 = float(np.mean(self._confident)) if self._confident else None
         self.confident_positions = len(self._confident)
 
+    @staticmethod
+    def pooled_cosine(parts: Iterable[Agreement]) -> float:
+        """The cosine over every sample of several poolings of the same tensor (each measured on other samples)."""
+        parts = list(parts)
+        dot, ref2, q2 = (sum(getattr(a, f) for a in parts) for f in ("_dot", "_ref2", "_q2"))
+        norm = np.sqrt(ref2 * q2)
+        return dot / norm if norm else float(ref2 == q2)
+
     def public(self) -> dict[str, object]:
         hidden = ("sample_cosines", "confident_top1", "confident_positions")
         return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k not in hidden}
@@ -244,10 +252,12 @@ class Comparison:
                 out.append(self.producers[name].name)
         return out
 
-    def evaluate(self, float_layers: Iterable[str] = (), per_layer: bool = True) -> CompareReport:
-        """Quantize with `float_layers` (and `base_float`) kept in float and measure every sample: the outputs
-        and what the automatic choices judge, and with `per_layer` every quantized tensor (the per-layer pooling
-        costs as much as the quantized run on large models; searches that only score the outputs skip it)."""
+    def evaluate(self, float_layers: Iterable[str] = (), per_layer: bool = True,
+                 samples: Sequence[int] | None = None) -> CompareReport:  # fmt: skip
+        """Quantize with `float_layers` (and `base_float`) kept in float and measure every sample (or those
+        indexed by `samples`): the outputs and what the automatic choices judge, and with `per_layer` every
+        quantized tensor (the per-layer pooling costs as much as the quantized run on large models; searches that
+        only score the outputs skip it)."""
         chosen = list(dict.fromkeys([*self.base_float, *float_layers]))
         names = self.float_names(chosen)
         graph = (
@@ -259,8 +269,8 @@ class Comparison:
         layers: dict[str, Agreement] = {}
         class_axes = self.class_axes
         softmaxed = {name: getattr(self.producers.get(name), "kind", None) == "softmax" for name in outputs}
-        for i, feed in enumerate(self.feeds):
-            ref_all = self.ref_layers(i)
+        for i in range(len(self.feeds)) if samples is None else samples:
+            feed, ref_all = self.feeds[i], self.ref_layers(i)
             q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
             for name, agreement in outputs.items():
                 agreement.add(self.ref_outputs[i][name], q_all[name], class_axes[name], softmaxed[name])
@@ -276,7 +286,8 @@ class Comparison:
         # graph outputs are dequantized by a cast: their layer's format is that of the cast's input
         inner = {op.outputs[0]: op.inputs[0] for op in qgraph.ops if op.outputs[0] in self.graph.outputs}
         int8 = [a.name for a in ranked if _scheme_of(qgraph, inner.get(a.name, a.name)) == "int8_sym"]
-        report = CompareReport(len(self.feeds), list(outputs.values()), ranked, chosen, int8)
+        count = len(self.feeds) if samples is None else len(samples)
+        report = CompareReport(count, list(outputs.values()), ranked, chosen, int8)
         report.judged = [judged.get(name, outputs[name]) for name in self.graph.outputs]
         return report
 
