@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-METHOD_FOLDS = 5  # the method choice's cross-validation folds (the fitted candidate is judged on the last)
+METHOD_FOLDS = 5  # the method choice's cross-validation folds (SampleSplit)
 
 
 def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:

@@ -4,8 +4,8 @@ Chosen by cross-validation over the calibration samples' folds (calibration_run.
 samples judge every method's table made from the statistics of the other folds (the histograms merge exactly, so
 a fold's tables cost merges, not runs) — measured the way the build will use them, the cv18xx int8 scheme
 simulated by npuc's quantized reference with the layers the float patterns keep in bf16 kept, against
-onnxruntime — and the best worst-output cosine pooled over every fold's samples wins (ties keep the earlier
-method of AUTO_METHODS, KL first as tpu-mlir's default). Pooled, samples with large outputs weigh most: a text
+onnxruntime — and the best worst-output cosine pooled over every fold's samples wins (within METHOD_TIE of
+it, the first of TIE_ORDER). Pooled, samples with large outputs weigh most: a text
 detector's map of a photo without text is ~0 everywhere and cannot decide alone, as one set-apart sample did
 (PP-OCRv6 det calibrated on one scan and five photos, judged on another scan: 0.9736 mean cosine when such a
 photo chose `max`; 0.9853 with the folds, a tie of mse and percentile; tpu-mlir 1.30.2's default 0.9790).
