@@ -477,3 +477,26 @@ def test_fuzz_own_bmodel_runs_or_rejects(lenet_bmodel):
         except (CorruptFileError, UserError):
             outcomes["rejected"] += 1
     assert outcomes["ran"] > FUZZ_MUTATIONS // 10 and outcomes["rejected"] > FUZZ_MUTATIONS // 10
+
+
+def test_channel_gains_lower_the_shift_until_every_bias_fits() -> None:
+    """YOLOv8n's class-score conv: biases near -10 at Ty 14.6. BMNet's rule (shift from the weights alone)
+    saturates the 16-bit bias; the gain scheme lowers the shift until it fits and gives the channels their
+    doublings back where the bias leaves room, so weights and bias both dequantize close to float."""
+    from npuc.backends.bm1880.lower_gains import apply_gains
+    from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((4, 64, 1, 1)) * 0.05).astype(np.float32)
+    bias = np.array([-10.3, -11.0, -0.2, 3.0], np.float32)
+    tx, ty = 6.87, 14.64
+    rule = bm1880_quantize_layer(weight, bias, tx, ty)
+    assert (rule.bias[:2] == -32768).all()  # the per-layer rule saturates
+    w, b, r, gains = apply_gains(weight, bias, tx, ty)
+    k = 7 - np.log2(gains.astype(np.float64)) if gains is not None else np.zeros(4)
+    assert r < rule.rshift and (np.abs(b) < 32767).all()
+    unit = 2.0 ** (r + k)  # integer units per float unit, before the 128 / Ty scale
+    np.testing.assert_allclose(b / unit * ty / 128, bias, atol=ty / 128 / 2)  # within half an output step
+    w_back = w.reshape(4, -1) / unit[:, None] * ty / tx
+    assert np.abs(w_back - weight.reshape(4, -1)).max() <= (ty / tx / unit).max() / 2 + 1e-7
+    assert k[2] > k[0]  # the channel with a small bias keeps more weight bits

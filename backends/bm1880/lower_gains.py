@@ -5,29 +5,45 @@ largest keeps k fewer bits; in BN-folded depthwise convs (PP-LCNet) that costs m
 gains, channel c's weights and bias are scaled by 2^k_c more (k_c <= 7, and lower where its 16-bit bias would
 saturate); the conv BD writes `acc >> r` as 16 bits, then a multiply by the unsigned byte 2^(7-k_c), shifted
 right 7 (round half up), gives the int8 output. Both are BDs the target already runs.
+
+BMNet's rule takes the layer's right shift from its weights alone, so a large bias (a detector's class-score
+conv: B = -10 where Ty = 14.6) saturates its 16 bits and shifts every output (YOLOv8n's class logits by +6).
+Here the shift is lowered until every bias fits, and the gains give the channels back the doublings the lower
+shift took where their bias leaves room.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from npuc.compiler.errors import UserError
 from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
 from npuc.compiler.numformats.rounding import round_half_up, saturate
 
 MAX_GAIN_SHIFT = 7  # the u8 multiplier 2^(7-k) stays in 1..128
 
 
-def gain_shifts(weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float, rshift: int) -> np.ndarray:
-    """k_c per output channel: as many doublings as bring its largest weight toward the layer's largest, no
-    more than the 16-bit bias allows."""
+def bias_room(bias: np.ndarray | None, ty: float, rshift: int | np.ndarray) -> np.ndarray | None:
+    """Per output channel, how many doublings its 16-bit bias B·(128/Ty)·2^rshift takes before it saturates
+    (negative: it saturates already); None without a bias."""
+    if bias is None:
+        return None
+    b = np.abs(np.asarray(bias, np.float64)) * (128.0 / ty) * np.ldexp(1.0, np.asarray(rshift, np.int32))
+    with np.errstate(divide="ignore"):
+        return np.floor(np.log2(32767.0 / np.maximum(b, 1e-30))).astype(np.int64)
+
+
+def gain_shifts(
+    weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float, rshift: int, lowered: int = 0
+) -> np.ndarray:
+    """k_c per output channel: as many doublings as bring its largest weight toward the layer's largest (plus
+    the `lowered` ones the bias took off the layer's shift), no more than the 16-bit bias allows."""
     w = np.abs(np.asarray(weight, np.float64)).reshape(weight.shape[0], -1).max(axis=1)
     top = w.max()
     with np.errstate(divide="ignore"):
-        k = np.floor(np.log2(top / np.maximum(w, top * 2.0**-MAX_GAIN_SHIFT)))
-    if bias is not None:
-        b = np.abs(np.asarray(bias, np.float64)) * (128.0 / ty) * 2.0**rshift
-        with np.errstate(divide="ignore"):
-            room = np.floor(np.log2(32767.0 / np.maximum(b, 1e-30)))
+        k = np.floor(np.log2(top / np.maximum(w, top * 2.0**-MAX_GAIN_SHIFT))) + lowered
+    room = bias_room(bias, ty, rshift)
+    if room is not None:
         k = np.minimum(k, room)
     return np.clip(k, 0, MAX_GAIN_SHIFT).astype(np.int64)
 
@@ -37,15 +53,20 @@ def apply_gains(
 ) -> tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]:
     """(int8 weight, int16 bias, r, u8 gains or None when no channel gains) of a conv/FC/depthwise layer."""
     q = bm1880_quantize_layer(weight, bias, tx, ty)
-    k = gain_shifts(weight, bias, tx, ty, q.rshift)
-    if not k.any():
+    room = bias_room(bias, ty, q.rshift)
+    r = q.rshift + min(0, int(room.min())) if room is not None else q.rshift
+    if r < 0:
+        raise UserError(f"bm1880 conv/fc bias reaches {np.abs(bias).max():.4g}: at output threshold {ty:.4g} it "
+                        "does not fit 16 bits at any shift; raise the output threshold")  # fmt: skip
+    k = gain_shifts(weight, bias, tx, ty, r, lowered=q.rshift - r)
+    if not k.any() and r == q.rshift:
         return q.weight, q.bias, q.rshift, None
     shape = (-1,) + (1,) * (np.ndim(weight) - 1)
-    scale = np.float32(tx / ty) * np.ldexp(np.float32(1.0), q.rshift + k).astype(np.float32)
+    scale = np.float32(tx / ty) * np.ldexp(np.float32(1.0), r + k).astype(np.float32)
     w = saturate(round_half_up(np.asarray(weight, np.float32) * scale.reshape(shape)), np.int8)
     b = None
     if bias is not None:
-        pot = np.ldexp(np.float32(1.0), q.rshift + k).astype(np.float32)
+        pot = np.ldexp(np.float32(1.0), r + k).astype(np.float32)
         b = saturate(round_half_up(np.asarray(bias, np.float32) * (np.float32(128.0) / np.float32(ty)) * pot),
                      np.int16)  # fmt: skip
-    return w, b, q.rshift, (1 << (MAX_GAIN_SHIFT - k)).astype(np.uint8)
+    return w, b, r, (1 << (MAX_GAIN_SHIFT - k)).astype(np.uint8)
