@@ -29,6 +29,7 @@ def build(
     depfile: str | Path | None = None,
     qtable: str | Path | None = None,
     recalibrate: bool = False,
+    output_names: Sequence[str] = (),
 ) -> BuildResult:
     """Compile `model` for `target` (see `npuc targets`) and write the artifact atomically.
 
@@ -36,7 +37,8 @@ def build(
     `options`: the target's option keys (`name`, `float_layers`, ...; `npuc targets` lists them); `config`: an
     hb_mapper YAML (model, inputs, calibration data); `depfile`: also write a Makefile dependency line;
     `qtable`: a tpu-mlir qtable whose BF16 layers stay bf16 (default: `<calib>.qtable` when that file exists);
-    `recalibrate`: with `config`, calibrate again even when the table in working_dir is up to date.
+    `recalibrate`: with `config`, calibrate again even when the table in working_dir is up to date;
+    `output_names`: end the ONNX graph at these tensors (what follows them is left to the host).
     The result's `notes` are what the CLI prints as `note:` lines."""
     from npuc.api.hbbuild import apply_config
     from npuc.compiler.interp import external_shape
@@ -66,9 +68,15 @@ def build(
     if calib is not None and not calib.is_file():
         raise UserError(f"calibration table not found: {calib}; check the path")
     check_request(chosen, options, chip, quant, calib)  # before any work; a config fills its own keys later
+    output_names = tuple(output_names)
+    if output_names and (options.get("delegate") or model.suffix.lower() != ".onnx"):
+        raise UserError(
+            "--output-names cuts an ONNX model npuc compiles; a Caffe model or a --delegate build reads "
+            "the whole model: cut the ONNX file itself (onnx.utils.extract_model) and build that"
+        )
 
     notes: list[str] = []
-    graph = _import(model, weights, shape_sets[0] if shape_sets else None, options, notes)
+    graph = _import(model, weights, shape_sets[0] if shape_sets else None, options, notes, output_names)
     canonicalize(graph)
     if hb is not None:
         hb = hb.bind({n: external_shape(graph, n) for n in graph.inputs})
@@ -84,7 +92,9 @@ def build(
         graph = refit_constants(graph, refinement, str(side_file(calib)), options.get("float_layers", ()))
         notes.append(f"refined constants from {side_file(calib)}")
     out = Path(output) if output is not None else Path(f"{model.stem}_{chosen.name}")
-    request = BuildRequest(graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options)
+    request = BuildRequest(
+        graph, model, out, chip=chip, quant=quant, calib_table=calib, options=options, output_names=output_names
+    )
     result = chosen.build(request)
     result.notes[:0] = notes
     if qtable_layers:
@@ -101,7 +111,8 @@ def build(
     return result
 
 
-def _import(model: Path, weights: str | Path | None, shapes: dict | None, options: dict, notes: list[str]) -> Any:
+def _import(model: Path, weights: str | Path | None, shapes: dict | None, options: dict, notes: list[str],
+            output_names: tuple[str, ...]) -> Any:  # fmt: skip
     if model.suffix.lower() == ".prototxt":
         from npuc.frontends.caffe import import_caffe
 
@@ -112,7 +123,7 @@ def _import(model: Path, weights: str | Path | None, shapes: dict | None, option
         raise UserError("--weights is for a Caffe .prototxt MODEL; an ONNX model carries its own weights")
     from npuc.frontends.onnx import import_onnx
 
-    return import_onnx(model, shapes, notes)
+    return import_onnx(model, shapes, notes, output_names)
 
 
 def _qtable_layers(graph: Any, target: Any, calib: Path | None, qtable: str | Path | None, options: dict,

@@ -4,7 +4,7 @@ and list the ops each target cannot run (`npuc inspect MODEL --target T`)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,22 +15,34 @@ from npuc.compiler.errors import UserError
 QUANT_ALIASES = {"float16": "fp16"}  # spellings a target accepts for the same format
 
 
-def inspect(path: str | Path, disasm: bool = False, input_shapes: InputShapes = None) -> str:
-    """The description `npuc inspect` prints of a model or artifact."""
-    from npuc.compiler.artifacts import ArtifactOptions, detect
+def inspect(
+    path: str | Path, disasm: bool = False, input_shapes: InputShapes = None, output_names: Sequence[str] = ()
+) -> str:
+    """The description `npuc inspect` prints of a model or artifact (`output_names`: an ONNX model ended there)."""
+    from npuc.compiler.artifacts import ArtifactOptions, check_options, detect
 
-    shapes = as_shape_dict(input_shapes)
-    return detect(Path(path)).describe(Path(path), ArtifactOptions(disasm=disasm, input_shapes=shapes))
+    kind, options = detect(Path(path)), ArtifactOptions(disasm=disasm, input_shapes=as_shape_dict(input_shapes),
+                                                        output_names=tuple(output_names))  # fmt: skip
+    check_options(kind, Path(path), options)
+    return kind.describe(Path(path), options)
 
 
-def run(path: str | Path, feeds: Mapping[str, np.ndarray], input_shapes: InputShapes = None) -> dict[str, np.ndarray]:
-    """Run an ONNX model on the float reference, or an artifact on npuc's simulator from its bytes."""
-    from npuc.compiler.artifacts import ArtifactOptions, detect
+def run(
+    path: str | Path,
+    feeds: Mapping[str, np.ndarray],
+    input_shapes: InputShapes = None,
+    output_names: Sequence[str] = (),
+) -> dict[str, np.ndarray]:
+    """Run an ONNX model on the float reference (ended at `output_names` when given), or an artifact on npuc's
+    simulator from its bytes."""
+    from npuc.compiler.artifacts import ArtifactOptions, check_options, detect
 
     kind = detect(Path(path))
     if kind.run is None:
         raise UserError(f"{path}: npuc cannot run {kind.name} artifacts yet; `npuc inspect` reads them")
-    return kind.run(Path(path), dict(feeds), ArtifactOptions(input_shapes=as_shape_dict(input_shapes)))
+    options = ArtifactOptions(input_shapes=as_shape_dict(input_shapes), output_names=tuple(output_names))
+    check_options(kind, Path(path), options)
+    return kind.run(Path(path), dict(feeds), options)
 
 
 class CheckResult(dict):
@@ -48,6 +60,7 @@ def check(
     quant: str | None = None,
     chip: str | None = None,
     input_shapes: InputShapes = None,
+    output_names: Sequence[str] = (),
 ) -> CheckResult:
     """Every op of an ONNX `model` that `target` ("all": every target that builds) cannot run, per number format.
 
@@ -74,7 +87,7 @@ def check(
         chosen = [get_target(target)]
         check_request(chosen[0], {}, chip, quant, None)
     shapes = as_shape_dict(input_shapes) or None
-    graph = import_onnx(model, shapes, [])
+    graph = import_onnx(model, shapes, [], tuple(output_names))
     canonicalize(graph)
     found = CheckResult(op_count=len(graph.ops))
     with tempfile.TemporaryDirectory(prefix="npuc-check-") as scratch:
@@ -88,7 +101,7 @@ def check(
                 out = Path(scratch) / f"{t.name}_{q}"
                 request = BuildRequest(
                     copy.deepcopy(graph), model, out, chip=chip, quant=q,
-                    calib_table=table if t.uses_calib else None,
+                    calib_table=table if t.uses_calib else None, output_names=tuple(output_names),
                 )  # fmt: skip
                 with collecting() as gaps:
                     try:

@@ -19,7 +19,7 @@ def load_canonical(path: Path, options: ArtifactOptions, notes: list[str] | None
     from npuc.frontends.onnx import import_onnx
     from npuc.passes.rewrite.canonicalize import canonicalize
 
-    graph = import_onnx(path, options.input_shapes, notes)
+    graph = import_onnx(path, options.input_shapes, notes, options.output_names)
     canonicalize(graph)
     return graph
 

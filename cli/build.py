@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from npuc.cli.options import parse_options
+from npuc.cli.options import parse_options, split_names
 from npuc.compiler.errors import UserError
 
 
@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
         ),
         input_shape: list[str] = typer.Option(
             [], "--input-shape", help="NAME:D0,D1,...; repeat an input for several resolutions."
+        ),
+        output_names: str = typer.Option(
+            None, "--output-names", help="Comma-separated ONNX tensors to end the graph at (the rest is the host's)."
         ),
         name: str = typer.Option(None, "--name", help="Network name in generated sources."),
         mean: str = typer.Option(None, "--mean", help="Input mean: one number or R,G,B (targets that convert)."),
@@ -93,7 +96,7 @@ def register(app: typer.Typer) -> None:
         if delegate:
             options["delegate"] = True
         if float_layers:
-            options["float_layers"] = [n.strip() for n in float_layers.split(",") if n.strip()]
+            options["float_layers"] = split_names(float_layers)
         switches = (("quant_input", quant_input), ("quant_output", quant_output),
                     ("allow_partial_table", allow_partial_table), ("aligned_input", aligned_input))  # fmt: skip
         for flag, value in switches:
@@ -107,7 +110,8 @@ def register(app: typer.Typer) -> None:
 
         result = building.build(model, target, output, chip=chip, quant=quant, calib=calib, weights=weights,
                            input_shapes=input_shape, options=options, config=config, depfile=depfile,
-                           qtable=qtable, recalibrate=recalibrate)  # fmt: skip
+                           qtable=qtable, recalibrate=recalibrate,
+                           output_names=split_names(output_names))  # fmt: skip
         if as_json:
             typer.echo(json.dumps(result.record(), indent=2, default=str))
             return

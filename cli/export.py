@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from npuc.cli.options import split_names
 from npuc.compiler.errors import UserError
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
         if not qdq:
             raise UserError("npuc export writes QDQ ONNX only; add --qdq")
         out = output or Path(f"{model.stem}_{target}_qdq.onnx")
-        layers = tuple(n.strip() for n in (float_layers or "").split(",") if n.strip())
+        layers = tuple(split_names(float_layers))
         export_qdq(model, target, out, calib, calib_data, parse_input_shapes(input_shape), method, layers, form,
                    parse_options(option))  # fmt: skip
         typer.echo(f"wrote {out}")

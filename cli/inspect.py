@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from npuc.cli.options import split_names
 from npuc.compiler.errors import UserError
 
 
@@ -46,21 +47,22 @@ def coverage_record(path: Path, found: dict) -> dict:
     return {"npuc": VERSION, "model": str(path), "ops": found.op_count, "checks": checks}
 
 
-def artifact_record(path: Path, input_shapes: list[str]) -> dict:
+def artifact_record(path: Path, input_shapes: list[str], output_names: list[str]) -> dict:
     """`npuc inspect PATH --json` without --target: the kind of file, its inputs as a runtime feeds them (name,
     shape, dtype, the camera frame's pixel format), and the description `npuc inspect` prints, line by line."""
     from dataclasses import asdict
 
     from npuc.api import inspection
     from npuc.api.shapes import as_shape_dict
-    from npuc.compiler.artifacts import ArtifactOptions, detect
+    from npuc.compiler.artifacts import ArtifactOptions, check_options, detect
     from npuc.compiler.version import VERSION
 
     kind = detect(path)
-    options = ArtifactOptions(input_shapes=as_shape_dict(input_shapes))
+    options = ArtifactOptions(input_shapes=as_shape_dict(input_shapes), output_names=tuple(output_names))
+    check_options(kind, path, options)
     inputs = [{k: list(v) if k == "shape" else v for k, v in asdict(spec).items() if v is not None}
               for spec in (kind.inputs(path, options) if kind.inputs is not None else [])]  # fmt: skip
-    text = inspection.inspect(path, input_shapes=input_shapes)
+    text = inspection.inspect(path, input_shapes=input_shapes, output_names=output_names)
     return {"npuc": VERSION, "path": str(path), "kind": kind.name, "runs": kind.run is not None, "inputs": inputs,
             "description": text.splitlines()}  # fmt: skip
 
@@ -71,6 +73,9 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="An .onnx model, a .cvimodel, a .bmodel or a target output folder."),
         disasm: bool = typer.Option(False, "--disasm", help="List the decoded instructions of command buffers."),
         input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,... (ONNX)."),
+        output_names: str = typer.Option(
+            None, "--output-names", help="Comma-separated tensors to end the ONNX graph at (as `build` does)."
+        ),
         target: str = typer.Option(
             None, "--target", help="Also list every op this target ('all': every target) cannot run (ONNX)."
         ),
@@ -86,20 +91,23 @@ def register(app: typer.Typer) -> None:
         """
         from npuc.api import inspection
 
+        ends = split_names(output_names)
         if target is None and (quant is not None or chip is not None):
             raise UserError("--quant and --chip go with --target T; add it or drop them")
         if as_json and target is None:
             import json
 
-            typer.echo(json.dumps(artifact_record(path, input_shape), indent=2))
+            typer.echo(json.dumps(artifact_record(path, input_shape, ends), indent=2))
             return
         if as_json:
             import json
 
-            found = inspection.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
+            found = inspection.check(path, target, quant=quant, chip=chip, input_shapes=input_shape,
+                                     output_names=ends)  # fmt: skip
             typer.echo(json.dumps(coverage_record(path, found), indent=2))
             return
-        typer.echo(inspection.inspect(path, disasm=disasm, input_shapes=input_shape))
+        typer.echo(inspection.inspect(path, disasm=disasm, input_shapes=input_shape, output_names=ends))
         if target is not None:
-            found = inspection.check(path, target, quant=quant, chip=chip, input_shapes=input_shape)
+            found = inspection.check(path, target, quant=quant, chip=chip, input_shapes=input_shape,
+                                     output_names=ends)  # fmt: skip
             typer.echo(coverage_report(found, found.op_count))

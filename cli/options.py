@@ -66,3 +66,8 @@ def parse_options(texts: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             options[key] = value
     return options
+
+
+def split_names(text: str | None) -> list[str]:
+    """'a, b,c' as ['a', 'b', 'c'] (--float-layers, --output-names); None or '' as []."""
+    return [name.strip() for name in (text or "").split(",") if name.strip()]

@@ -9,7 +9,7 @@ import typer
 
 from npuc.compiler.errors import UserError
 
-from .options import Color, KeepAspect, Layout, Mean, PadType, PadValue, Resize, Scale, preprocess
+from .options import Color, KeepAspect, Layout, Mean, PadType, PadValue, Resize, Scale, preprocess, split_names
 
 if TYPE_CHECKING:  # numpy and the artifact registry load when a command runs, not for --help
     import numpy as np
@@ -118,6 +118,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed for --random-input."),
         output: Path = typer.Option(None, "--output", "-o", help="Write the outputs to this .npz."),
         input_shape: list[str] = typer.Option([], "--input-shape", help="Pin an input: NAME:D0,D1,... (ONNX)."),
+        output_names: str = typer.Option(
+            None, "--output-names", help="Comma-separated tensors to end the ONNX graph at (as `build` does)."
+        ),
         shape: str = typer.Option(None, "--shape", help="Compiled input shape D0,D1,... to run (bmodel)."),
         mean: Mean = "0",
         scale: Scale = "1",
@@ -135,7 +138,7 @@ def register(app: typer.Typer) -> None:
         """
         import numpy as np
 
-        from npuc.compiler.artifacts import ArtifactOptions, detect
+        from npuc.compiler.artifacts import ArtifactOptions, check_options, detect
         from npuc.compiler.fileio import save_npz
 
         if (input is None) == (not random_input):
@@ -143,7 +146,8 @@ def register(app: typer.Typer) -> None:
         kind = detect(path)
         if kind.run is None or kind.inputs is None:
             raise UserError(f"{path}: npuc cannot run {kind.name} artifacts yet; `npuc inspect` reads them")
-        options = ArtifactOptions()
+        options = ArtifactOptions(output_names=tuple(split_names(output_names)))
+        check_options(kind, path, options)
         if input_shape:  # the ONNX frontend loads only for what needs it
             from npuc.frontends.onnx import parse_input_shapes
 

@@ -38,6 +38,7 @@ class ArtifactOptions:
 
     disasm: bool = False
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    output_names: tuple[str, ...] = ()  # an ONNX model ended at these tensors (--output-names)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -80,3 +81,9 @@ def detect(path: Path) -> ArtifactKind:
     raise UserError(
         f"{path}: not a format npuc reads ({', '.join(sorted(_KINDS))}); pass an .onnx model or an npuc artifact"
     )
+
+
+def check_options(kind: ArtifactKind, path: Path, options: ArtifactOptions) -> None:
+    """Options only an ONNX model takes are an error for an artifact, not ignored."""
+    if options.output_names and kind.name != "onnx":
+        raise UserError(f"--output-names cuts an ONNX model; {path} is a {kind.name} artifact: drop the option")

@@ -35,6 +35,7 @@ class BuildRequest:
     quant: str | None = None
     calib_table: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)  # target-specific flags
+    output_names: tuple[str, ...] = ()  # where the graph was cut (--output-names); a re-import cuts it the same
 
 
 @dataclass

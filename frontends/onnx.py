@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,35 @@ def parse_input_shapes(specs: Iterable[str]) -> InputShapes:
 # ---------------------------------------------------------------------------------------------------------
 # Shapes
 # ---------------------------------------------------------------------------------------------------------
+
+
+def cut_outputs(model: onnx.ModelProto, names: Sequence[str]) -> str:
+    """End the graph at the tensors `names` (tpu-mlir's --output_names): they become its outputs, and the nodes
+    only the old outputs needed go with simplify()'s clean-up. Returns the note saying what was left out."""
+    producers = {out: node for node in model.graph.node for out in node.output if out}
+    for name in names:
+        if name not in producers:
+            raise UserError(
+                f"--output-names '{name}' is made by no node of the model; give tensor names as Netron shows them "
+                "(`npuc inspect MODEL` lists the IR's)"
+            )
+    if len(set(names)) != len(names):
+        raise UserError("--output-names names a tensor twice; give each once")
+    kept, stack = set(), list(names)
+    while stack:  # the nodes the new outputs need
+        node = producers.get(stack.pop())
+        if node is not None and id(node) not in kept:
+            kept.add(id(node))
+            stack.extend(node.input)
+    known = {vi.name: vi for vi in (*model.graph.value_info, *model.graph.output)}
+    outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in names]
+    for info in outputs:
+        if info.name in known:  # the inferred type and shape
+            info.CopyFrom(known[info.name])
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+    left = len(model.graph.node) - len(kept)
+    return f"the graph ends at {', '.join(names)} (--output-names): {left} of {len(model.graph.node)} nodes left out"
 
 
 def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -368,9 +397,10 @@ def _refill(model: onnx.ModelProto, held: dict[str, bytes]) -> None:
             tensor.raw_data = held.pop(tensor.name)
 
 
-def _import(load: Callable[[], onnx.ModelProto], input_shapes: InputShapes | None, notes: list[str] | None) -> Graph:
-    """load() → verified IR graph. The loaded model is owned here: each stage drops the previous one's model, so
-    no more than two copies of the weights are alive at a time."""
+def _import(load: Callable[[], onnx.ModelProto], input_shapes: InputShapes | None, notes: list[str] | None,
+            output_names: Sequence[str] = ()) -> Graph:  # fmt: skip
+    """load() → verified IR graph (ending at `output_names` when given). The loaded model is owned here: each stage
+    drops the previous one's model, so no more than two copies of the weights are alive at a time."""
     model = load()
     applied = pin_input_shapes(model, input_shapes or {})
     if notes is not None:
@@ -384,6 +414,10 @@ def _import(load: Callable[[], onnx.ModelProto], input_shapes: InputShapes | Non
     except Exception as exc:  # onnx raises several types for inconsistent models
         raise UserError(f"shape inference failed: {short_reason(exc)}; check --input-shape against the model") from None
     del model  # the loaded model's arena, weights included
+    if output_names:
+        cut = cut_outputs(inferred, output_names)
+        if notes is not None:
+            notes.append(cut)
     try:
         model = _simplified(inferred)
         del inferred
@@ -403,9 +437,14 @@ def _simplified(model: onnx.ModelProto) -> onnx.ModelProto:
         raise UserError(f"the model's graph does not import ({short_reason(exc)}); the model is damaged") from None
 
 
-def import_onnx(path: str | Path, input_shapes: InputShapes | None = None, notes: list[str] | None = None) -> Graph:
-    """ONNX file → verified IR graph."""
-    graph = _import(lambda: load_model(path), input_shapes, notes)
+def import_onnx(
+    path: str | Path,
+    input_shapes: InputShapes | None = None,
+    notes: list[str] | None = None,
+    output_names: Sequence[str] = (),
+) -> Graph:
+    """ONNX file → verified IR graph; `output_names`: end it at these tensors (cut_outputs)."""
+    graph = _import(lambda: load_model(path), input_shapes, notes, output_names)
     if graph.name == "model":
         graph.name = Path(path).stem
     return graph

@@ -34,6 +34,24 @@ def real_model() -> Callable[[str], Path]:
     return get
 
 
+@pytest.fixture(scope="session")
+def yolo_default(real_model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list]:  # noqa: ANN001
+    """YOLOv8n, `npuc calibrate`'s default table (and its qtable) from photos 1-7, and the 8 photos' feeds."""
+    import numpy as np
+
+    import npuc
+    from npuc.models.fetch import REAL_MODELS
+    from npuc.models.images import model_inputs
+
+    name = "yolov8n_320"
+    model, folder, feeds = real_model(name), tmp_path_factory.mktemp("yolo_default"), model_inputs(name, 8)
+    for i, feed in enumerate(feeds[1:]):
+        np.savez(folder / f"{i}.npz", **feed)
+    table = folder / "table.txt"
+    npuc.calibrate(model, [folder], table, input_shapes=REAL_MODELS[name].input_shapes)
+    return model, table, feeds
+
+
 # `make test-fast` (pytest --fast): the inner loop without the vendor simulator and without real models.
 SLOW_MARKERS = ("fetch_model(", "model_inputs(")  # module text that reaches the model downloads
 

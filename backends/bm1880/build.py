@@ -118,7 +118,7 @@ def _reimport(request: BuildRequest, shapes: dict[str, tuple[int, ...]]) -> Grap
     else:
         from npuc.frontends.onnx import import_onnx
 
-        graph = import_onnx(path, shapes)
+        graph = import_onnx(path, shapes, output_names=request.output_names)
     canonicalize(graph)
     return graph
 

@@ -401,7 +401,10 @@ def lower(
     for op in graph.ops:
         with per_op(op):
             if op.kind in NO_FORM:
-                raise UnsupportedError(f"op '{op.name}' ({op.kind}) cannot run on bm1880: {NO_FORM[op.kind]}")
+                raise UnsupportedError(
+                    f"op '{op.name}' ({op.kind}) cannot run on bm1880: {NO_FORM[op.kind]}; end the bmodel before it "
+                    f"with --output-names (its input '{op.inputs[0]}' and the other tensors the host needs)"
+                )
             if op.kind not in LOWERINGS:
                 raise UnsupportedError(
                     f"op '{op.name}' ({op.kind}) is not supported by the bm1880 target "

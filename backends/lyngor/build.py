@@ -56,7 +56,7 @@ def resolution_graphs(request: BuildRequest, opts: LyngorOptions) -> list[Graph]
 
     graphs = []
     for shapes in opts.input_shapes_list:
-        graph = import_onnx(request.model_path, shapes)
+        graph = import_onnx(request.model_path, shapes, output_names=request.output_names)
         canonicalize(graph)
         graphs.append(graph)
     first = graphs[0]

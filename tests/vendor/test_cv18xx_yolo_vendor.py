@@ -35,17 +35,9 @@ def decode_tail(model: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def yolo(real_model, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, np.ndarray]]:
+def yolo(yolo_default) -> tuple[Path, Path, dict[str, np.ndarray]]:  # noqa: ANN001
     """The model, `npuc calibrate`'s default table (and qtable) from photos 1-7, and photo 0 to test on."""
-    import npuc
-
-    model = real_model(NAME)
-    folder = tmp_path_factory.mktemp("yolo")
-    feeds = model_inputs(NAME, 8)
-    for i, feed in enumerate(feeds[1:]):
-        np.savez(folder / f"{i}.npz", **feed)
-    table = folder / "table.txt"
-    npuc.calibrate(model, [folder], table, input_shapes=real_model_shapes(NAME))
+    model, table, feeds = yolo_default
     return model, table, feeds[0]
 
 
