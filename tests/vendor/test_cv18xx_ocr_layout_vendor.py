@@ -66,11 +66,40 @@ def test_ppocrv6_rec_int8_bit_exact(recogniser, tmp_path: Path, chip: str) -> No
     out = build(model, table, chip, "int8", tmp_path / "rec.cvimodel", real_model_shapes("ppocrv6_rec_tiny"))
     got = _run_both(out, feed)["fetch_name_0"]
     want = ort.InferenceSession(str(model)).run(None, feed)[0]
-    # Measured on the held-out text line: cosine 0.93-0.95, per-position argmax agreement 0.75-0.92 over
-    # four lines. Below the issue's 0.98: the error grows through the GELU blocks (npuc compare lists them);
-    # held here so it cannot regress.
+    # A plain KL table (no per-tensor choice, no bf16 layers): measured on the held-out text line cosine
+    # 0.93-0.95, per-position argmax agreement 0.75-0.92 over four lines; the default is the next test's.
     assert cosine(got.reshape(want.shape), want) >= 0.9
     assert (got.reshape(want.shape).argmax(-1) == want.argmax(-1)).mean() >= 0.7
+
+
+REC_LINES = 24
+
+
+def test_ppocrv6_rec_int8_default_on_unseen_text_lines(real_model, tmp_path: Path) -> None:
+    """Issue 16's int8 cosine >= 0.98 for the text recogniser: `npuc calibrate` with no option on 24 text lines,
+    `npuc build` for cv183x int8 (the table's qtable applied), the vendor simulator on 24 other lines."""
+    import npuc
+
+    name = "ppocrv6_rec_tiny"
+    model, shapes = real_model(name), real_model_shapes(name)
+    feeds = model_inputs(name, 2 * REC_LINES)
+    (tmp_path / "data").mkdir()
+    for i, feed in enumerate(feeds[:REC_LINES]):
+        np.savez(tmp_path / "data" / f"{i:02d}.npz", **feed)
+    npuc.calibrate(model, [tmp_path / "data"], tmp_path / "table.txt", input_shapes=shapes)
+    out = tmp_path / "rec.cvimodel"
+    npuc.build(model, "cv18xx", out, chip="cv183x", calib=tmp_path / "table.txt", input_shapes=shapes)
+    session = ort.InferenceSession(str(model))
+    _run_both(out, feeds[REC_LINES])
+    cosines, agreements = [], []
+    for feed in feeds[REC_LINES:]:
+        want, got = session.run(None, feed)[0], run_vendor(out, feed)["fetch_name_0"]
+        got = got.reshape(want.shape)
+        cosines.append(cosine(got, want))
+        agreements.append((got.argmax(-1) == want.argmax(-1)).mean())
+    # measured 0.9816 / 0.9337, per-position argmax agreement 0.94 (bench/vs_tpumlir.py --models ppocr_rec)
+    assert np.mean(cosines) >= 0.98 and min(cosines) >= 0.92
+    assert np.mean(agreements) >= 0.9
 
 
 @pytest.mark.parametrize("chip", ["cv183x", "cv181x"])
