@@ -492,7 +492,8 @@ def test_channel_gains_lower_the_shift_until_every_bias_fits() -> None:
     tx, ty = 6.87, 14.64
     rule = bm1880_quantize_layer(weight, bias, tx, ty)
     assert (rule.bias[:2] == -32768).all()  # the per-layer rule saturates
-    w, b, r, gains = apply_gains(weight, bias, tx, ty)
+    w, b, r, gains, gain_shift = apply_gains(weight, bias, tx, ty)
+    assert gain_shift == 7
     k = 7 - np.log2(gains.astype(np.float64)) if gains is not None else np.zeros(4)
     assert r < rule.rshift and (np.abs(b) < 32767).all()
     unit = 2.0 ** (r + k)  # integer units per float unit, before the 128 / Ty scale

@@ -21,6 +21,7 @@ from npuc.backends.bm1880.qdq import lower_for_export, write_qdq_bm1880
 from npuc.backends.bm1880.quantize import WEIGHT_RULES
 from npuc.backends.bm1880.sim import quantize as bm1880_runner_quantize
 from npuc.backends.bm1880.sim import run_bmodel
+from npuc.compiler.errors import UserError
 from npuc.compiler.interp import run
 from npuc.compiler.ir import Graph
 from npuc.compiler.kernels.quantized import QUANT_KERNELS
@@ -379,3 +380,33 @@ def test_int8_conv_transpose_exact_form_is_bit_exact(tmp_path, kernel, stride, p
     exact = session(model)
     for feed in feeds:
         np.testing.assert_array_equal(exact.run(None, feed)[0], run(qgraph, feed, kernels=QUANT_KERNELS)["y"])
+
+
+def test_bm1880_exact_form_equals_the_bmodel_with_weights_beyond_int8(tmp_path):
+    """A conv/FC whose scaled weights exceed int8 even unshifted (max|W|·Tx/Ty >= 128: PicoDet's stem) has no
+    BMNet shift; with gains it is quantized at 2^-s of its scale and the gain step shifts by 7 - s. Each first
+    conv/depthwise/FC here gets an output threshold that makes its scaled weights 200 or 600 (s = 1, 3): the
+    bmodel's codes equal the exact export's."""
+    paths = make_all(tmp_path, ["tinycnn", "conv_depthwise", "gemm"])
+    rng = np.random.default_rng(5)
+    shifts, compared = set(), 0
+    for (name, path), peak in zip(paths.items(), (200.0, 600.0, 200.0), strict=True):
+        graph = import_and_canon(path)
+        inp = graph.inputs[0]
+        feeds = [{inp: rng.standard_normal(graph.shape(inp)).astype(np.float32)} for _ in range(3)]
+        table = max_abs_thresholds(graph, feeds, floor=1e-3)
+        first = next(op for op in graph.ops if op.kind in ("conv2d", "gemm"))
+        weight = np.abs(graph.const(first.inputs[1])).max()
+        table[first.outputs[0]] = float(table[first.inputs[0]] * weight / peak)
+        with pytest.raises(UserError, match="cannot use a right shift"):  # BMNet's rule
+            compile_bmodel([graph], table, None, "layer-group", name, "layer")
+        bmodel = read_bmodel(write_bmodel(compile_bmodel([graph], table, None, "layer-group", name, "channel").model))
+        shifts |= {layer.gain_shift for layer in lower_for_export(graph, table, None, True).net.layers
+                   if layer.name == first.name}  # fmt: skip
+        probe, names = with_bmodel_output_codes(write_qdq_bm1880(graph, table, channel_gains=True))
+        sess = session(probe)
+        for feed in feeds:
+            codes, _ = bmodel_codes(bmodel, feed[inp])
+            compared += assert_codes_equal(run_named(sess, feed), names, codes)
+    assert shifts == {6, 4}
+    assert compared > 100

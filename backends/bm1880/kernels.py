@@ -77,11 +77,11 @@ def _wide(buf: LayerBuffers) -> LTensor:
 
 
 def apply_gains(em: Emitter, layer: Layer, buf: LayerBuffers) -> None:
-    """int8 y = (16-bit result x u8 gain of its channel + 64) >> 7; the gains read with h/w strides 0."""
+    """int8 y = (16-bit result x u8 gain of its channel) >> gain_shift, rounded; the gains read with h/w strides 0."""
     wide = _wide(buf)
     g = LTensor(buf.gains, (1, wide.shape[1], 1, 1))
     gains = LTensor(g.addr, wide.shape, fixed=(0, g.strides[1], 0, 0))
-    arith(em, "mul", buf.y, wide, gains, 7, opt_opd0_int8=0, opt_opd1_sign=0)
+    arith(em, "mul", buf.y, wide, gains, layer.gain_shift, opt_opd0_int8=0, opt_opd1_sign=0)
 
 
 def conv(em: Emitter, layer: Layer, buf: LayerBuffers, win: Window, oc: int) -> None:

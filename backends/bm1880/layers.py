@@ -40,8 +40,10 @@ class Layer:
     steps: tuple[int, int, int, int] = (1, 1, 1, 1)  # copy: read step per input axis; upsample: (1, 1, sh, sw)
     perm: tuple[int, int, int, int] = (0, 1, 2, 3)  # copy: the input axis each output axis walks (transpose)
     # conv/dwconv with per-channel gains: u8 2^(7-k) per output channel; the conv BD writes 16 bits and a
-    # multiply by the gain, shifted 7, gives int8 (weights and bias scaled by 2^k, see lower_gains.py)
+    # multiply by the gain, shifted right by gain_shift (7; less for weights beyond int8), gives int8 (weights
+    # and bias scaled by 2^k, see lower_gains.py)
     gains: np.ndarray | None = None
+    gain_shift: int = 7
 
     @property
     def outputs(self) -> list[str]:

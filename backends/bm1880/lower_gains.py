@@ -10,9 +10,14 @@ BMNet's rule takes the layer's right shift from its weights alone, so a large bi
 conv: B = -10 where Ty = 14.6) saturates its 16 bits and shifts every output (YOLOv8n's class logits by +6).
 Here the shift is lowered until every bias fits, and the gains give the channels back the doublings the lower
 shift took where their bias leaves room.
+
+A layer whose weights exceed int8 even unshifted (max|W|·Tx/Ty >= 128, where BMNet's rule has no shift to
+give: PicoDet's stem convs) is quantized at 2^-s of its scale and the gain step shifts right by 7 - s, not 7.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +26,16 @@ from npuc.compiler.numformats.bm1880_int8 import bm1880_quantize_layer
 from npuc.compiler.numformats.rounding import round_half_up, saturate
 
 MAX_GAIN_SHIFT = 7  # the u8 multiplier 2^(7-k) stays in 1..128
+
+
+class GainQuant(NamedTuple):
+    """A conv/FC/depthwise layer's integers: y = ((acc + bias) >> rshift) * gains[c] >> gain_shift."""
+
+    weight: np.ndarray  # int8
+    bias: np.ndarray | None  # int16
+    rshift: int
+    gains: np.ndarray | None  # u8 2^(7-k) per output channel; None: no gain step (y = sat8(... >> rshift))
+    gain_shift: int = MAX_GAIN_SHIFT
 
 
 def bias_room(bias: np.ndarray | None, ty: float, rshift: int | np.ndarray) -> np.ndarray | None:
@@ -48,10 +63,16 @@ def gain_shifts(
     return np.clip(k, 0, MAX_GAIN_SHIFT).astype(np.int64)
 
 
-def apply_gains(
-    weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float
-) -> tuple[np.ndarray, np.ndarray | None, int, np.ndarray | None]:
-    """(int8 weight, int16 bias, r, u8 gains or None when no channel gains) of a conv/FC/depthwise layer."""
+def apply_gains(weight: np.ndarray, bias: np.ndarray | None, tx: float, ty: float) -> GainQuant:
+    """The integers of a conv/FC/depthwise layer with per-channel gains (none where every k is 0)."""
+    peak = float(np.abs(np.asarray(weight, np.float64)).max()) * tx / ty
+    down = max(0, int(np.ceil(np.log2(peak / 127.0)))) if peak > 0 else 0  # s: doublings above int8 at shift 0
+    if down > MAX_GAIN_SHIFT:
+        raise UserError(f"bm1880 conv/fc weight: scaled value {peak:.6g} is beyond what a gain can restore "
+                        "(2^7); raise the output threshold")  # fmt: skip
+    if down:
+        weight = np.asarray(weight, np.float32) * np.float32(2.0**-down)
+        bias = None if bias is None else np.asarray(bias, np.float32) * np.float32(2.0**-down)
     q = bm1880_quantize_layer(weight, bias, tx, ty)
     room = bias_room(bias, ty, q.rshift)
     r = q.rshift + min(0, int(room.min())) if room is not None else q.rshift
@@ -59,8 +80,8 @@ def apply_gains(
         raise UserError(f"bm1880 conv/fc bias reaches {np.abs(bias).max():.4g}: at output threshold {ty:.4g} it "
                         "does not fit 16 bits at any shift; raise the output threshold")  # fmt: skip
     k = gain_shifts(weight, bias, tx, ty, r, lowered=q.rshift - r)
-    if not k.any() and r == q.rshift:
-        return q.weight, q.bias, q.rshift, None
+    if not k.any() and r == q.rshift and not down:
+        return GainQuant(q.weight, q.bias, q.rshift, None)
     shape = (-1,) + (1,) * (np.ndim(weight) - 1)
     scale = np.float32(tx / ty) * np.ldexp(np.float32(1.0), r + k).astype(np.float32)
     w = saturate(round_half_up(np.asarray(weight, np.float32) * scale.reshape(shape)), np.int8)
@@ -69,4 +90,4 @@ def apply_gains(
         pot = np.ldexp(np.float32(1.0), r + k).astype(np.float32)
         b = saturate(round_half_up(np.asarray(bias, np.float32) * (np.float32(128.0) / np.float32(ty)) * pot),
                      np.int16)  # fmt: skip
-    return w, b, r, (1 << (MAX_GAIN_SHIFT - k)).astype(np.uint8)
+    return GainQuant(w, b, r, (1 << (MAX_GAIN_SHIFT - k)).astype(np.uint8), MAX_GAIN_SHIFT - down)

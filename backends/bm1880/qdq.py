@@ -9,7 +9,7 @@ written as the integer pipeline the bmodel's descriptors run (backends/bm1880/ke
 - conv / FC / depthwise: `sat8(⌊(Σ x·W + B + 2^(r−1)) / 2^r⌋)` (ConvInteger, zero padding, 16-bit bias;
   a fused ReLU before the shift, which equals clamping after it); with per-channel gains g (u8 2^(7−k)) the
   conv BD writes 16 bits, `sat16(shift(relu(Σ x·W + B), r))`, and a multiply by its channel's gain gives
-  `sat8(shift(a16·g, 7))`;
+  `sat8(shift(a16·g, s))` with s = 7 (less for weights beyond int8 at shift 0);
 - max pool: MaxPool on the input padded with -128, then `sat8(⌊(y·m + 2^(r−1)) / 2^r⌋)` unless (m, r) is
   (1, 0); average pool: window sums (ConvInteger with a ones kernel, zero padding) times m, shifted;
 - ReLU / LeakyReLU / PReLU: `sat8(shift(max(x,0)·gt, gt_shift)) + sat8(shift(min(x,0)·le, le_shift))` with
@@ -147,7 +147,7 @@ def _conv(w: _Writer, layer: Layer, xs: list[str]) -> None:
         acc = e.b.node("Max", [acc, e.c("zero", np.int64(0))])
     wide = w.sat(w.scaled(acc, 1, layer.rshift), *INT16)  # the conv BD's 16-bit result
     gains = e.c(f"{layer.name}_gains", np.asarray(layer.gains, np.int64).reshape(1, -1, 1, 1))
-    e.finish(w.scaled(e.b.node("Mul", [wide, gains]), 1, 7), w.out(layer))
+    e.finish(w.scaled(e.b.node("Mul", [wide, gains]), 1, layer.gain_shift), w.out(layer))
 
 
 def _pool(w: _Writer, layer: Layer, xs: list[str]) -> None:

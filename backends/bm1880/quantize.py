@@ -34,7 +34,7 @@ from npuc.compiler.numformats.bm1880_int8 import (
 from npuc.compiler.numformats.rounding import round_half_up, saturate
 
 from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
-from .lower_gains import apply_gains
+from .lower_gains import GainQuant, apply_gains
 from .lower_moves import lower_lut, lower_mul, lower_resize, lower_slice, lower_split, lower_transpose
 
 HOST_TAIL_KINDS = ("transpose", "softmax")
@@ -182,17 +182,18 @@ def _finish_act(ctx: LowerContext, op: Op, act: ops.Activation | None, pre: str)
 
 def _conv_layer(ctx: LowerContext, op: Op, src: str, weight: np.ndarray, bias, kernel, strides, pads, dil, act):
     out, relu = _split_act(ctx, op, act)
-    w, b, r, gains = _quantize_weights(ctx, weight, bias, src, op.outputs[0])
-    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, w, b, r, relu, gains=gains))
+    q = _quantize_weights(ctx, weight, bias, src, op.outputs[0])
+    ctx.add(Layer(op.name, "conv", (src,), out, "", kernel, strides, pads, dil, q.weight, q.bias, q.rshift, relu,
+                  gains=q.gains, gain_shift=q.gain_shift))  # fmt: skip
     _finish_act(ctx, op, act, out)
 
 
-def _quantize_weights(ctx: LowerContext, weight, bias, src: str, out: str):
-    """(int8 weight, int16 bias, rshift, per-channel gains or None): BMNet's per-layer rule, or with gains."""
+def _quantize_weights(ctx: LowerContext, weight, bias, src: str, out: str) -> GainQuant:
+    """BMNet's per-layer rule (no gains), or the per-channel gains (lower_gains.py)."""
     if ctx.channel_gains:
         return apply_gains(weight, bias, ctx.t(src), ctx.t(out))
     q = bm1880_quantize_layer(weight, bias, ctx.t(src), ctx.t(out))
-    return q.weight, q.bias, q.rshift, None
+    return GainQuant(q.weight, q.bias, q.rshift, None)
 
 
 def _lower_conv(ctx: LowerContext, op: Op) -> None:
@@ -205,9 +206,10 @@ def _lower_conv(ctx: LowerContext, op: Op) -> None:
     cin = ctx.net.shapes[src][1]
     if a.group > 1 and a.group == cin == oc and icg == 1:
         out, relu = _split_act(ctx, op, a.act)
-        wq, bq, r, gains = _quantize_weights(ctx, w, b, src, op.outputs[0])
+        q = _quantize_weights(ctx, w, b, src, op.outputs[0])
         ctx.add(Layer(op.name, "dwconv", (src,), out, "", (kh, kw), a.strides, pads, a.dilations,
-                      wq.reshape(oc, kh, kw), bq, r, relu, gains=gains))  # fmt: skip
+                      q.weight.reshape(oc, kh, kw), q.bias, q.rshift, relu, gains=q.gains,
+                      gain_shift=q.gain_shift))  # fmt: skip
         _finish_act(ctx, op, a.act, out)
         return
     if a.group > 1:  # general grouped conv: a dense conv with a block-diagonal kernel

