@@ -33,14 +33,14 @@ def saturating_rounding_doubling_high_mul(a: np.ndarray, b: np.ndarray) -> np.nd
     """gemmlowp SaturatingRoundingDoublingHighMul on int32 values: rounded high 32 bits of 2ab (int64 out)."""
     a64 = np.asarray(a, dtype=np.int64)
     b64 = np.asarray(b, dtype=np.int64)
-    ab = a64 * b64
-    nudged = ab + (1 << 30)
-    nudged -= (ab < 0) * ((1 << 31) - 1)  # a negative product is nudged by 1 - 2^30
-    high = nudged >> 31  # floor; C integer division truncates towards zero:
-    high += (nudged < 0) & ((nudged & ((1 << 31) - 1)) != 0)
+    high = np.asarray(a64 * b64)  # 0-d for scalars: written in place below
+    # gemmlowp nudges the product by 2^30 (a negative one by 1 - 2^30) and divides by 2^31 truncating toward
+    # zero; for either sign that equals a floor shift of ab + 2^30 (two passes instead of nine)
+    high += 1 << 30
+    high >>= 31
     if np.any(a64 == INT32_MIN) and np.any(b64 == INT32_MIN):  # the one product that overflows int32
         high = np.where((a64 == INT32_MIN) & (b64 == INT32_MIN), INT32_MAX, high)
-    return high
+    return high[()]
 
 
 def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
@@ -49,7 +49,12 @@ def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
     e = np.asarray(exponent, dtype=np.int64)
     if np.any((e < 0) | (e > 31)):
         raise UserError("rounding_divide_by_pot: shift must be in 0..31; check the rshift values")
-    mask = (np.int64(1) << e) - 1
-    remainder = x64 & mask
-    threshold = (mask >> 1) + (x64 < 0)
-    return (x64 >> e) + (remainder > threshold)
+    half = np.where(e > 0, np.left_shift(np.int64(1), np.maximum(e - 1, 0)), 0)
+    # (x + half - 1) >> e where x < 0 and e > 0, else (x + half) >> e: ties round away from zero
+    out = np.array(np.broadcast_to(x64 >> 63, np.broadcast_shapes(x64.shape, e.shape)))
+    if not np.all(e > 0):
+        out &= -(e > 0).astype(np.int64)
+    out += x64
+    out += half
+    out >>= e
+    return out[()]
