@@ -51,7 +51,9 @@ def rounding_divide_by_pot(x: np.ndarray, exponent: np.ndarray) -> np.ndarray:
         raise UserError("rounding_divide_by_pot: shift must be in 0..31; check the rshift values")
     half = np.where(e > 0, np.left_shift(np.int64(1), np.maximum(e - 1, 0)), 0)
     # (x + half - 1) >> e where x < 0 and e > 0, else (x + half) >> e: ties round away from zero
-    out = np.array(np.broadcast_to(x64 >> 63, np.broadcast_shapes(x64.shape, e.shape)))
+    out = np.asarray(x64 >> 63)  # -1 where x < 0
+    if out.shape != (shape := np.broadcast_shapes(x64.shape, e.shape)):  # a shift per element of a smaller x
+        out = np.array(np.broadcast_to(out, shape))
     if not np.all(e > 0):
         out &= -(e > 0).astype(np.int64)
     out += x64

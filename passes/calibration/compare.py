@@ -74,7 +74,9 @@ class Agreement:
             probabilities: bool = False) -> None:  # fmt: skip
         """Pool one sample; `class_axis`: the axis of class scores, whose argmax (per position along the other
         axes) is compared for top-1 agreement; `probabilities`: the scores are a softmax's (else logits)."""
-        r, q = ref.astype(np.float64).ravel(), quant.astype(np.float64).ravel()
+        # one C-order copy each (kernels often return NHWC-laid views; astype would keep that layout and
+        # ravel copy again)
+        r, q = ref.astype(np.float64, order="C").ravel(), quant.astype(np.float64, order="C").ravel()
         dot, ref2, q2 = float(r @ q), float(r @ r), float(q @ q)
         pair = float(np.sqrt(ref2 * q2))
         self.sample_cosines.append(dot / pair if pair else float(np.array_equal(r, q)))
