@@ -12,12 +12,19 @@ def float32_to_bf16_bits(x: np.ndarray, cv18xx_overflow: bool = True) -> np.ndar
     With `cv18xx_overflow` (the cvikernel rule) any result whose exponent is all ones becomes 0x7F7F,
     dropping the sign; without it, overflow gives ±inf as IEEE does.
     """
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    out = (rounded & 0xFFFF).astype(np.uint16)
+    values = np.asarray(x, dtype=np.float32)
+    bits = values.view(np.uint32)
+    # in uint32: only NaN patterns (replaced below) can carry past bit 31
+    rounded = np.asarray(bits >> 16)
+    rounded &= 1
+    rounded += bits
+    rounded += 0x7FFF
+    rounded >>= 16
+    out = rounded.astype(np.uint16)
     if cv18xx_overflow:
-        out = np.where((out & 0x7F80) == 0x7F80, np.uint16(0x7F7F), out)
-    return np.where(np.isnan(np.asarray(x, dtype=np.float32)), np.uint16(0x7FC0), out).astype(np.uint16)
+        np.putmask(out, (out & 0x7F80) == 0x7F80, np.uint16(0x7F7F))
+    np.putmask(out, np.isnan(values), np.uint16(0x7FC0))
+    return out
 
 
 def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
