@@ -54,15 +54,14 @@ def artifact_record(path: Path, input_shapes: list[str], output_names: list[str]
 
     from npuc.api import inspection
     from npuc.api.shapes import as_shape_dict
-    from npuc.compiler.artifacts import ArtifactOptions, check_options, detect
+    from npuc.compiler.artifacts import ArtifactOptions, detect
     from npuc.compiler.version import VERSION
 
+    text = inspection.inspect(path, input_shapes=input_shapes, output_names=output_names)  # checks the options
     kind = detect(path)
     options = ArtifactOptions(input_shapes=as_shape_dict(input_shapes), output_names=tuple(output_names))
-    check_options(kind, path, options)
     inputs = [{k: list(v) if k == "shape" else v for k, v in asdict(spec).items() if v is not None}
               for spec in (kind.inputs(path, options) if kind.inputs is not None else [])]  # fmt: skip
-    text = inspection.inspect(path, input_shapes=input_shapes, output_names=output_names)
     return {"npuc": VERSION, "path": str(path), "kind": kind.name, "runs": kind.run is not None, "inputs": inputs,
             "description": text.splitlines()}  # fmt: skip
 
