@@ -78,10 +78,11 @@ def test_an_unguarded_script_gets_one_clear_error(tmp_path: Path, workload: tupl
     )
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
-    last = run.stderr.strip().splitlines()[-1]
-    assert (
-        last.startswith("npuc.compiler.errors.UserError: a calibration worker process stopped") and "--jobs 1" in last
-    )
+    # Exception lines only: the resource tracker may still print its own shutdown warnings after the exit.
+    errors = [line for line in run.stderr.splitlines() if line.startswith(("npuc.", "concurrent.", "RuntimeError"))]
+    assert errors and "BrokenProcessPool" not in run.stderr, run.stderr
+    assert errors[-1].startswith("npuc.compiler.errors.UserError: a calibration worker process stopped")
+    assert "--jobs 1" in errors[-1]
     assert not (tmp_path / "t.txt").exists()
 
 

@@ -12,6 +12,7 @@ again elsewhere, and since every task is a pure function of its chunk the result
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -82,6 +83,10 @@ class LocalProcesses:
     """A pool of worker processes on this machine (spawned: onnxruntime's threads do not survive a fork)."""
 
     def __init__(self, jobs: int) -> None:
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            # A spawned worker re-running an unguarded script's top level: stop before the pool makes its queues,
+            # whose semaphores would outlive this process (the parent then reports the stopped worker).
+            raise UserError("a calibration worker cannot start calibrations of its own; see the parent's error")
         self.jobs = jobs
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
 
