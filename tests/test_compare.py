@@ -335,3 +335,22 @@ def test_top1_agreement_where_float_is_confident() -> None:
     hesitant.add(logits[1:], flipped[1:], class_axis=1)
     assert hesitant.confident_top1 is None and hesitant.confident_positions == 0
     assert "confident_top1" not in a.public()  # the JSON report keeps its fields
+
+
+def test_sqnr_of_an_all_zero_reference_is_minus_infinity_and_the_report_stays_strict_json() -> None:
+    """An output that float leaves all zero (a dead class map) but int8 does not: -inf dB, with no numpy
+    warning; an exact match is +inf dB. The JSON report spells both as strings (JSON has no infinities)."""
+    import warnings
+
+    from npuc.passes.calibration.compare import Agreement
+
+    zero = np.zeros((2, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dead = Agreement("dead")
+        dead.add(zero, zero + 0.25)
+        exact = Agreement("exact")
+        exact.add(zero + 1.0, zero + 1.0)
+    assert dead.sqnr_db == float("-inf") and exact.sqnr_db == float("inf")
+    text = json.dumps([dead.public(), exact.public()], allow_nan=False)
+    assert json.loads(text)[0]["sqnr_db"] == "-inf" and json.loads(text)[1]["sqnr_db"] == "inf"

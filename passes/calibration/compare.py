@@ -50,6 +50,13 @@ CONFIDENT = 0.8  # float's top probability from which its top-1 decision counts 
 REFERENCE_CACHE_BYTES = 1 << 30  # float per-layer references kept between auto-mixed rounds, beyond: recompute
 
 
+def _sqnr_db(signal2: float, error2: float) -> float:
+    """10 log10(signal / error): +inf without error, -inf for an all-zero reference that the other side is not."""
+    if not error2:
+        return float("inf")
+    return 10 * float(np.log10(signal2 / error2)) if signal2 else float("-inf")
+
+
 @dataclass
 class Agreement:
     """Pooled similarity of a quantized tensor to its float reference."""
@@ -96,7 +103,7 @@ class Agreement:
             self._confident += list(agree[(scores.max(class_axis) >= CONFIDENT).ravel()])
         norm = np.sqrt(self._ref2 * self._q2)
         self.cosine = self._dot / norm if norm else float(self._ref2 == self._q2)
-        self.sqnr_db = 10 * np.log10(self._ref2 / self._err2) if self._err2 else float("inf")
+        self.sqnr_db = _sqnr_db(self._ref2, self._err2)
         self.top1_agreement = float(np.mean(self._top1)) if self._top1 else None
         self.confident_top1 = float(np.mean(self._confident)) if self._confident else None
         self.confident_positions = len(self._confident)
@@ -111,7 +118,9 @@ class Agreement:
 
     def public(self) -> dict[str, object]:
         hidden = ("sample_cosines", "confident_top1", "confident_positions")
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_") and k not in hidden}
+        fields = {k: v for k, v in asdict(self).items() if not k.startswith("_") and k not in hidden}
+        # JSON has no infinities: an exact match (+inf dB) or an all-zero reference (-inf dB) as a string
+        return {k: str(v) if isinstance(v, float) and not np.isfinite(v) else v for k, v in fields.items()}
 
 
 @dataclass
