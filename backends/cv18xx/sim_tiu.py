@@ -423,8 +423,10 @@ def tiu_matmul(ctx: TiuContext) -> None:
             shape = (2, c1, 1, w1)
             raw = ctx.lmem.read(f["opd2_addr"], shape, ctx.strides("opd2", shape), "bf16").reshape(2, -1)
             bias = ((raw[0].astype(np.uint32) << 16) | raw[1]).view(np.float32)
-        acc = accumulate_products(left, right, w0, bias)
-        with np.errstate(over="ignore"):
+        # a column group's unused tail holds whatever local memory held (inf and NaN bit patterns too): its
+        # products are formed, as on the chip, and never stored
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = accumulate_products(left, right, w0, bias)
             out = acc.astype(np.float32)
         ctx.write_res((np.maximum(out, 0) if f["opt_relu_typ"] else out)[:, : rc * rw], (rows, rc, 1, rw))
         return
