@@ -38,7 +38,8 @@ def saturating_rounding_doubling_high_mul(a: np.ndarray, b: np.ndarray) -> np.nd
     # zero; for either sign that equals a floor shift of ab + 2^30 (two passes instead of nine)
     high += 1 << 30
     high >>= 31
-    if np.any(a64 == INT32_MIN) and np.any(b64 == INT32_MIN):  # the one product that overflows int32
+    small, large = sorted((a64, b64), key=np.size)  # the multipliers first: they are rarely INT32_MIN
+    if np.any(small == INT32_MIN) and np.any(large == INT32_MIN):  # the one product that overflows int32
         high = np.where((a64 == INT32_MIN) & (b64 == INT32_MIN), INT32_MAX, high)
     return high[()]
 

@@ -52,6 +52,11 @@ def saturate(x: np.ndarray, dtype: np.dtype | type) -> np.ndarray:
     return np.clip(np.asarray(x), info.min, info.max).astype(dtype)
 
 
-def wrap_int32(x: np.ndarray) -> np.ndarray:
-    """Integers reduced to int32 two's complement (int64 out): a 32-bit accumulator's overflow, which wraps."""
-    return ((np.asarray(x, np.int64) - INT32_MIN) & 0xFFFFFFFF) + INT32_MIN
+def wrap_int32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Integers reduced to int32 two's complement (int64 out): a 32-bit accumulator's overflow, which wraps.
+    `out`: an int64 array to write into (x itself, to wrap in place)."""
+    x = np.asarray(x, np.int64)
+    out = np.subtract(x, INT32_MIN, out=out)
+    out &= 0xFFFFFFFF
+    out += INT32_MIN
+    return out
