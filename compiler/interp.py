@@ -95,10 +95,15 @@ def run(
     *,
     keep_all: bool = False,
     kernels: Mapping[str, KernelFn] = FLOAT_KERNELS,
+    start: int = 0,
+    known: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Execute `graph` on `feeds` (each in its input's declared layout); return its outputs, or (keep_all)
-    also every input and op output."""
+    also every input and op output. `start`, `known`: resume at op `start`, taking what ops[:start] made from
+    `known` (an earlier keep_all run of a graph whose first `start` ops are the same)."""
     env: dict[str, np.ndarray] = dict(check_feeds(graph, to_graph_layout(graph, feeds)))
+    if start:
+        env.update((name, known[name]) for op in graph.ops[:start] for name in op.outputs)
     last = last_uses(graph)
     keep = set(graph.outputs)
 
@@ -110,7 +115,7 @@ def run(
             return tensor.data
         raise UserError(f"tensor '{name}' is read before anything produces it; the graph is out of order")
 
-    for i, op in enumerate(graph.ops):
+    for i, op in enumerate(graph.ops[start:], start):
         kernel = kernels.get(op.kind)
         if kernel is None:
             raise UserError(f"op '{op.name}': no kernel for op kind '{op.kind}' in this execution mode")

@@ -41,6 +41,7 @@ from npuc.passes.calibration.refinement import (
     side_file,
     split_as_recorded,
 )
+from npuc.passes.calibration.rerun import RunCache
 from npuc.passes.quantization.quantize import ThresholdMap, quantize, thresholds_for_graph
 from npuc.passes.rewrite.canonicalize import canonicalize
 
@@ -241,6 +242,7 @@ class Comparison:
         self.base_float: list[str] = []  # layers every evaluation keeps in float (the table's qtable, as the build)
         self.qtable: Path | None = None  # where base_float came from
         self.producers = {out: op for op in self.graph.ops for out in op.outputs}
+        self.runs = RunCache(QUANT_KERNELS)  # successive evaluations resume where their graphs first differ
 
     def ref_layers(self, i: int) -> dict[str, np.ndarray]:
         """Every float IR tensor of sample i (kept while the cache budget lasts)."""
@@ -280,9 +282,10 @@ class Comparison:
         layers: dict[str, Agreement] = {}
         class_axes = self.class_axes
         softmaxed = {name: getattr(self.producers.get(name), "kind", None) == "softmax" for name in outputs}
+        self.runs.begin(qgraph)
         for i in range(len(self.feeds)) if samples is None else samples:
             feed, ref_all = self.feeds[i], self.ref_layers(i)
-            q_all = run(qgraph, feed, keep_all=True, kernels=QUANT_KERNELS)
+            q_all = self.runs.run(i, feed)
             for name, agreement in outputs.items():
                 agreement.add(self.ref_outputs[i][name], q_all[name], class_axes[name], softmaxed[name])
             for agreement in judged.values():
@@ -293,6 +296,7 @@ class Comparison:
                     continue
                 if qgraph.tensors[name].quant is not None or name in self.graph.outputs:
                     layers.setdefault(name, Agreement(name)).add(ref_all[name], _as_float(qgraph, name, value))
+        self.runs.end()
         ranked = sorted(layers.values(), key=lambda a: (a.cosine, a.name))
         # graph outputs are dequantized by a cast: their layer's format is that of the cast's input
         inner = {op.outputs[0]: op.inputs[0] for op in qgraph.ops if op.outputs[0] in self.graph.outputs}
