@@ -151,7 +151,12 @@ def register(app: typer.Typer) -> None:
         ] = 0,
         jobs: Annotated[
             int | None,
-            typer.Option("--jobs", "-j", help="Worker processes (default: one per core, fewer for few samples)."),
+            typer.Option(
+                "--jobs",
+                "-j",
+                help="Cores to use: worker processes of one thread each (default: every core; fewer workers for "
+                "few samples; 1: one process, one thread).",
+            ),
         ] = None,
         ray: Annotated[
             str | None,

@@ -144,3 +144,33 @@ def test_ray_survives_a_lost_worker(tmp_path: Path, workload: tuple[Path, Path],
     write_table(result.table, tmp_path / "lost.txt")
     assert killed.is_set() and sum(done) == 2 * SAMPLES
     assert (tmp_path / "lost.txt").read_bytes() == here
+
+
+@pytest.mark.parametrize(("jobs", "threads"), [(1, 1), (2, 2), (None, 0)])
+def test_jobs_counts_cores_in_process_too(
+    jobs: int | None, threads: int, tmp_path: Path, workload: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs N is the cores used: with too few samples for workers the one session gets N threads (--jobs 1:
+    one thread, what `make -j1` users expect); no --jobs: onnxruntime's default, every core."""
+    from npuc.passes.calibration import calibrate as calibrate_module
+
+    made: list[int] = []
+    real = calibrate_module.TensorTap
+
+    def tap(plan, batch, threads=0):  # noqa: ANN001, ANN202
+        made.append(threads)
+        return real(plan, batch, threads=threads)
+
+    monkeypatch.setattr(calibrate_module, "TensorTap", tap)
+    model, data = workload
+    calibrate(model, [data], options=CalibrationOptions(method="max"), limit=8, jobs=jobs)
+    assert made == [threads]
+
+
+def test_workers_share_the_cores_asked_for(workload: tuple[Path, Path]) -> None:
+    model, data = workload
+    files = sorted(data.glob("*.npz"))
+    pre = shards.Preprocess()
+    jobs = shards.shard_jobs(model, None, files, pre, 1, 2048, 2, None, cores=4)
+    assert {job.threads for job in jobs} == {2}
+    assert {job.threads for job in shards.shard_jobs(model, None, files, pre, 1, 2048, 2, None, cores=2)} == {1}

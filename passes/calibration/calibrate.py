@@ -300,7 +300,8 @@ def calibrate(
 
     `ranges`: merged pass-1 statistics of all shards (skips pass 1, so shards bin alike); `range_only`: stop
     after pass 1 (no table); `keep_histograms`: run pass 2 even for `max`, which needs only ranges.
-    `jobs`: worker processes for the two passes (None: one per core; fewer when there are few samples);
+    `jobs`: the cores the two passes use, as worker processes of one onnxruntime thread each (None: every core;
+    fewer workers when there are few samples, their threads sharing the cores; 1: this process, one thread);
     `ray_address`: run them on a Ray cluster instead (passes/calibration/shards.py). The table does not depend on
     either.
     """
@@ -312,9 +313,9 @@ def calibrate(
     workers = shards.effective_jobs(jobs, len(files))
     if ray_address or workers > 1:
         stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
-                                    progress, workers, ray_address)  # fmt: skip
+                                    progress, workers, ray_address, jobs or shards.default_jobs())  # fmt: skip
     else:
-        stats = _collect_here(plan, files, pre, options, ranges, histograms, progress)
+        stats = _collect_here(plan, files, pre, options, ranges, histograms, progress, jobs or 0)
     table = None if range_only else stats_to_table(stats, options)
     refinement, groupings = None, {}
     if table is not None and options.fits_samples():
@@ -352,9 +353,11 @@ def _collect_here(
     ranges: CalibrationStats | None,
     histograms: bool,
     progress: Progress,
+    threads: int = 0,
 ) -> CalibrationStats:
-    """Both passes in this process, on one onnxruntime session; tpu-mlir's histogram needs only one."""
-    tap = TensorTap(plan, options.batch)
+    """Both passes in this process, on one onnxruntime session of `threads` threads (0: every core);
+    tpu-mlir's histogram needs only one pass."""
+    tap = TensorTap(plan, options.batch, threads=threads)
     if ranges is None and histograms and options.histogram == "tpu-mlir":
         stats = CalibrationStats(bins=options.bins, histogram=options.histogram)
         names = plan.observed
@@ -378,8 +381,10 @@ def _collect_on_workers(
     progress: Progress,
     workers: int,
     ray_address: str | None,
+    cores: int,
 ) -> CalibrationStats:
-    """Both passes split over worker processes or a Ray cluster; the same statistics as `_collect_here`."""
+    """Both passes split over worker processes or a Ray cluster; the same statistics as `_collect_here`.
+    `cores`: what the local workers' threads share."""
     executor = shards.open_executor(workers, ray_address)
     try:
         if ray_address:
@@ -387,7 +392,7 @@ def _collect_on_workers(
 
         def run(label: str, frozen: CalibrationStats | None) -> CalibrationStats:
             jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, workers, frozen,
-                                     options.histogram)  # fmt: skip
+                                     options.histogram, cores)  # fmt: skip
             return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
 
         if ranges is None:

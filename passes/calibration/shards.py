@@ -167,9 +167,11 @@ def shard_jobs(
     workers: int,
     ranges: CalibrationStats | None,
     histogram: str = "global",
+    cores: int | None = None,
 ) -> list[ShardJob]:
+    """The chunks of one pass; each worker's onnxruntime gets its share of `cores` (default: every core)."""
     shapes = tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
-    threads = max(1, default_jobs() // workers)
+    threads = max(1, (cores or default_jobs()) // workers)
     chunks = chunk_files(files, workers, batch)
     starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
     return [
