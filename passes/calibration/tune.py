@@ -32,7 +32,11 @@ WEIGHTED_KINDS = ("conv2d", "gemm", "matmul")
 def fake_quant(x: np.ndarray, threshold: float) -> np.ndarray:
     """tpu-mlir's `import_quant_bias`: symmetric int8 codes at `threshold`, back in float32."""
     scale = 127.0 / float(threshold)
-    return (np.clip(np.round(np.asarray(x, np.float64) * scale), -128, 127) / scale).astype(np.float32)
+    y = np.multiply(x, scale, dtype=np.float64)  # the same steps in one float64 buffer
+    np.round(y, out=y)
+    np.clip(y, -128, 127, out=y)
+    y /= scale
+    return y.astype(np.float32)
 
 
 def fake_quant_weights(graph: Graph) -> dict[str, np.ndarray]:
