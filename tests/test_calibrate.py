@@ -481,6 +481,7 @@ def test_files_a_run_writes_are_never_its_samples_and_compare_reads_the_side_fil
     report = compare_model(MODEL, table, SAMPLES)
     feeds = Comparison(MODEL, read_table(table), SAMPLES, "cv18xx_int8", refinement=refinement).feeds
     direct = Comparison(MODEL, read_table(table), feeds, "cv18xx_int8", refinement=refinement).evaluate()
-    plain = Comparison(MODEL, read_table(table), feeds, "cv18xx_int8").evaluate()
+    with pytest.warns(UserWarning, match=r"4 unknown name\(s\) \['bn_24.p0'"):  # split rows, unsplit graph
+        plain = Comparison(MODEL, read_table(table), feeds, "cv18xx_int8").evaluate()
     assert report.outputs[0].cosine == direct.outputs[0].cosine
     assert len(report.layers) == len(direct.layers) != len(plain.layers)  # the split graph's tensors
