@@ -313,7 +313,7 @@ def calibrate(
     workers = shards.effective_jobs(jobs, len(files))
     if ray_address or workers > 1:
         stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
-                                    progress, workers, ray_address, jobs or shards.default_jobs())  # fmt: skip
+                                    progress, workers, ray_address, jobs)  # fmt: skip
     else:
         stats = _collect_here(plan, files, pre, options, ranges, histograms, progress, jobs or 0)
     table = None if range_only else stats_to_table(stats, options)
@@ -381,10 +381,10 @@ def _collect_on_workers(
     progress: Progress,
     workers: int,
     ray_address: str | None,
-    cores: int,
+    cores: int | None,
 ) -> CalibrationStats:
     """Both passes split over worker processes or a Ray cluster; the same statistics as `_collect_here`.
-    `cores`: what the local workers' threads share."""
+    `cores`: what the local workers' threads share (None: every core)."""
     executor = shards.open_executor(workers, ray_address)
     try:
         if ray_address:
