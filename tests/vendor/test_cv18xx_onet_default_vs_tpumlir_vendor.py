@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from golden import GOLDEN_ROOT
+from metrics import cosine
 
 import npuc
 from npuc.backends.cv18xx.container import read_cvimodel
@@ -27,11 +28,6 @@ from .cv18xx_sim import run_vendor
 
 TPU_MLIR_FILE = GOLDEN_ROOT / "cv18xx" / "onet_tpumlir_cv183x_int8.cvimodel"
 CROPS = range(16, 47)
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +61,7 @@ def cosines(real_model, tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:  
         for side, got in (("npuc", vendor), ("tpu-mlir", run_vendor(Path(TPU_MLIR_FILE), feed))):
             for name in names:
                 key = name if name in got else next(k for k in got if k.startswith(name))
-                found[side][name].append(_cosine(ref[name], got[key]))
+                found[side][name].append(cosine(ref[name], got[key]))
     return {side: {n: np.array(c) for n, c in per.items()} for side, per in found.items()}
 
 
