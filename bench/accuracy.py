@@ -176,15 +176,14 @@ def calibrate_cli_path(model: Path, calib: Sequence[dict[str, np.ndarray]], fold
 def npuc_int8_outputs(
     model: Path, table, feeds: Sequence[dict[str, np.ndarray]], float_layers: Sequence[str] = (), refinement=None
 ) -> np.ndarray:  # noqa: ANN001
-    """The cv18xx int8 reference interpreter's outputs (with `float_layers` kept in bf16, on the graph a side
-    file's `refinement` makes)."""
+    """The cv18xx int8 reference interpreter's outputs (with `float_layers` kept in bf16) for the graph `npuc
+    build` makes: a side file's `refinement` splits the graph and replaces the refitted constants."""
     from npuc.compiler.interp import run
     from npuc.compiler.kernels.quantized import QUANT_KERNELS
     from npuc.passes.calibration.compare import Comparison
-    from npuc.passes.quantization.quantize import quantize
 
     comparison = Comparison(model, table, feeds[:1], "cv18xx_int8", refinement=refinement)
-    qgraph = quantize(comparison.graph, comparison.thresholds, "cv18xx_int8", comparison.float_names(float_layers))
+    qgraph = comparison.quantized(float_layers)
     out = comparison.graph.outputs[0]
     return np.concatenate([run(qgraph, feed, kernels=QUANT_KERNELS)[out] for feed in feeds])
 

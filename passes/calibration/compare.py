@@ -265,6 +265,15 @@ class Comparison:
                 out.append(self.producers[name].name)
         return out
 
+    def quantized(self, float_layers: Iterable[str] = ()) -> Graph:
+        """The quantized graph `npuc build` makes from the table, its side file and these float layers: the
+        split graph with the refitted constants (outside the float layers), quantized."""
+        names = self.float_names(float_layers)
+        graph = (
+            self.graph if self.refinement is None else refit_constants(self.graph, self.refinement, float_layers=names)
+        )
+        return quantize(graph, self.thresholds, self.scheme, names)
+
     def evaluate(self, float_layers: Iterable[str] = (), per_layer: bool = True,
                  samples: Sequence[int] | None = None) -> CompareReport:  # fmt: skip
         """Quantize with `float_layers` (and `base_float`) kept in float and measure every sample (or those
@@ -272,11 +281,7 @@ class Comparison:
         quantized tensor (the per-layer pooling costs as much as the quantized run on large models; searches that
         only score the outputs skip it)."""
         chosen = list(dict.fromkeys([*self.base_float, *float_layers]))
-        names = self.float_names(chosen)
-        graph = (
-            self.graph if self.refinement is None else refit_constants(self.graph, self.refinement, float_layers=names)
-        )
-        qgraph = quantize(graph, self.thresholds, self.scheme, names)
+        qgraph = self.quantized(chosen)
         outputs = {name: Agreement(name) for name in self.graph.outputs}
         judged = {name: Agreement(tensor) for name, tensor in self.judged.items() if tensor != name}
         layers: dict[str, Agreement] = {}
