@@ -102,8 +102,47 @@ def transpose_model(path: Path, perm: tuple[int, ...] = (0, 2, 1, 3)) -> Path:
     net.conv("c1", "tt", "y", 12, 4, 3)
     net.node("Reshape", ["t0", net.const("dfl", np.array([1, 4, 4, 120], np.int64))], ["r"], "reshape")
     net.node("Transpose", ["r"], ["d"], "dfl_transpose", perm=list(perm))
-    net.conv("c2", "d", "z", 4 if perm[1] == 2 else 120, 4, 1)
+    net.conv("c2", "d", "z", (1, 4, 4, 120)[perm[1]], 4, 1)
     return net.save(path, ["y", "z"])
+
+
+def deconv_model(path: Path, bias_apart: bool = True) -> Path:
+    """conv -> ConvTranspose 2x2 stride 2 (a learned 2x upsample) with its bias as a following Add of a
+    per-channel constant and a ReLU (PP-OCR's DB head spells it so) or as its own input -> conv."""
+    net = Net(6)
+    net.conv("c0", "x", "t0", 8, 16, 3)
+    weight = net.const("up_w", net.rng.standard_normal((16, 8, 2, 2)).astype(np.float32) * 0.3)
+    bias = net.const("up_b", net.rng.standard_normal(8).astype(np.float32) * 0.2)
+    if bias_apart:
+        net.node("ConvTranspose", ["t0", weight], ["u"], "up", strides=[2, 2])
+        net.node("Add", ["u", net.const("up_add", net.rng.standard_normal((8, 1, 1)).astype(np.float32))], ["ub"],
+                 "up_bias")  # fmt: skip
+    else:
+        net.node("ConvTranspose", ["t0", weight, bias], ["ub"], "up", strides=[2, 2])
+    net.node("Relu", ["ub"], ["ur"], "up_relu")
+    net.conv("c1", "ur", "y", 8, 4, 3)
+    return net.save(path, ["y"])
+
+
+def overlapping_deconv_model(path: Path) -> Path:
+    """A 3x3 stride-2 transposed conv: its blocks overlap, which phase convs do not express."""
+    net = Net(7)
+    weight = net.const("up_w", net.rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
+    net.node("ConvTranspose", ["x", weight], ["t"], "up", strides=[2, 2])
+    net.conv("c1", "t", "y", 4, 4, 1)
+    return net.save(path, ["y"])
+
+
+def wide_transpose_model(path: Path) -> Path:
+    """A transpose whose output rows walk an input axis 65536 bytes apart: past a GDMA h stride."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 256, 256])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((1, 256, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="far", perm=[0, 2, 1, 3]),
+             helper.make_node("Conv", ["t", "w"], ["y"], name="sum")]  # fmt: skip
+    graph = helper.make_graph(nodes, "wide", [x], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), path)
+    return path
 
 
 def _graph(path: Path):
@@ -163,12 +202,32 @@ def test_per_channel_gains_are_exact(tmp_path):
     assert compared > 0 and worst >= 0.998
 
 
-def test_transposes_are_strided_copies(tmp_path):
-    compared, worst, models = _exact_against_reference(transpose_model(tmp_path / "transpose.onnx"))
-    assert compared == 2 * 3 * (4 * 16 * 10 + 4 * 4 * 120)
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (0, 3, 2, 1), (0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2)])
+def test_transposes_are_strided_copies(tmp_path, perm):
+    """Whole rows when the last axis stays (one S2S each), single bytes when it moves (the output's W on the
+    GDMA's N axis: still one S2S for these sizes)."""
+    compared, worst, models = _exact_against_reference(transpose_model(tmp_path / "transpose.onnx", perm))
+    d = [(1, 4, 4, 120)[a] for a in perm]  # the transposed map; c2 gives 4 channels of its rows x columns
+    assert compared == 2 * 3 * (4 * 16 * 10 + 4 * d[2] * d[3])
     assert worst >= 0.999
-    directions = [gdma_direction(i) for i in decode_cmdbuf(models[0].commands[0].cmdbuf) if i.engine == 2]
-    assert directions.count("S2S") == 2
+    gdmas = [i for i in decode_cmdbuf(models[0].commands[0].cmdbuf) if i.engine == 2]
+    copies = [i.fields for i in gdmas if gdma_direction(i) == "S2S"]
+    assert len(copies) == 2
+    assert copies[1]["src_w"] == (120 if perm[3] == 3 else 1)
+
+
+@pytest.mark.parametrize("bias_apart", [True, False])
+def test_stride_sized_deconvs_are_phase_convs(tmp_path, bias_apart):
+    """One 1x1 conv per phase of the 2x2 block (the bias Add and ReLU folded in), then the phases interleaved
+    by TIU copies into strided output tiles."""
+    path = deconv_model(tmp_path / "deconv.onnx", bias_apart)
+    graph = _graph(path)
+    layers = lower_for_export(graph, max_abs_thresholds(graph, _feeds(1)), None).net.layers
+    kinds = [layer.kind for layer in layers]
+    assert kinds == ["conv"] * 5 + ["interleave", "conv"] and all(layer.relu for layer in layers[1:5])
+    compared, worst, _ = _exact_against_reference(path)
+    assert compared == 2 * 3 * 4 * 24 * 20
+    assert worst >= 0.999
 
 
 @pytest.mark.parametrize(
@@ -177,13 +236,15 @@ def test_transposes_are_strided_copies(tmp_path):
         (lambda p: moves_model(p, slice_steps=(1, 2)), r"op 'slice' \(slice\) with step 2 along the last axis"),
         (lambda p: moves_model(p, scales=(1.5, 2.0)), r"op 'up' \(resize\) mode nearest"),
         (lambda p: moves_model(p, mode="tf_crop_and_resize"), r"op 'up' \(resize\)"),
-        (lambda p: transpose_model(p, perm=(0, 3, 2, 1)), r"op 'dfl_transpose' \(transpose\) with perm \[0, 3, 2, 1\]"),
+        (lambda p: wide_transpose_model(p), r"op 'far' \(transpose\) reading rows 65536 bytes apart"),
+        (lambda p: overlapping_deconv_model(p), r"op 'up' \(conv_transpose2d\) with kernel \(3, 3\), strides \(2, 2\)"),
     ],
 )
 def test_moves_the_hardware_cannot_do_name_the_op(tmp_path, make, what):
     graph = _graph(make(tmp_path / "bad.onnx"))
+    feed = {"x": np.random.default_rng(0).standard_normal(graph.shape("x")).astype(np.float32)}
     with pytest.raises(UnsupportedError, match=what):
-        compile_bmodel([graph], max_abs_thresholds(graph, _feeds(1)), None, "none", "bad")
+        compile_bmodel([graph], max_abs_thresholds(graph, [feed]), None, "none", "bad")
 
 
 def test_inspect_lists_no_gap(tmp_path):

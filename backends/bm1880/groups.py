@@ -38,7 +38,7 @@ from .quantize import Layer, LoweredNet
 OPT_LEVELS = ("none", "layer-group", "layer-group-weight")
 JOIN_KINDS = frozenset({"conv", "dwconv", "pool", "act", "eltwise", "lut"})
 WINDOW_KINDS = frozenset({"conv", "dwconv", "pool"})  # BDs that read shape-derived strides
-LONE_KINDS = frozenset({"concat", "copy", "upsample", "mul"})
+LONE_KINDS = frozenset({"concat", "copy", "upsample", "interleave", "mul"})
 RESIDENT_SHARE = 2  # a layer's weights may take at most 1/RESIDENT_SHARE of a lane to join a group
 
 
@@ -310,7 +310,7 @@ def _can_join(net: LoweredNet, layer: Layer) -> bool:
     if layer.kind not in JOIN_KINDS:
         return False
     oc = net.shapes[layer.output][1]
-    return weight_lane_bytes(layer, oc) <= isa.LMEM_SIZE // RESIDENT_SHARE
+    return oc <= isa.BD_MAX_CHANNELS and weight_lane_bytes(layer, oc) <= isa.LMEM_SIZE // RESIDENT_SHARE
 
 
 def _lone(net: LoweredNet, layer: Layer) -> list[Unit]:
@@ -320,12 +320,13 @@ def _lone(net: LoweredNet, layer: Layer) -> list[Unit]:
     if layer.kind in LONE_KINDS:  # emitted whole by codegen (concat) or moves.py, tiled there
         return [Unit(group)]
     unit = Unit(group)
-    if fit_unit(net, unit):
-        return [unit]
     oc = net.shapes[layer.output][1]
-    if layer.kind == "conv":  # the chunk that reads the input the fewest times over all chunks
+    if oc <= isa.BD_MAX_CHANNELS and fit_unit(net, unit):
+        return [unit]
+    if layer.kind == "conv":  # the chunk that reads the input the fewest times over all chunks (one BD's width)
         best: tuple[int, int, Unit] | None = None
-        for chunk in range(((oc - 1) // isa.NPU_NUM) * isa.NPU_NUM, 0, -isa.NPU_NUM):
+        widest = min((oc - 1) // isa.NPU_NUM, isa.BD_MAX_CHANNELS // isa.NPU_NUM) * isa.NPU_NUM
+        for chunk in range(widest, 0, -isa.NPU_NUM):
             trial = Unit(make_group(view, [layer], layer_window), (0, chunk))
             if fit_unit(net, trial):
                 cost = -(-oc // chunk) * loaded_bytes(net, trial)
@@ -339,6 +340,9 @@ def _lone(net: LoweredNet, layer: Layer) -> list[Unit]:
                 part.group.rows, part.group.batch_step = trial.group.rows, trial.group.batch_step
                 units.append(part)
             return units
+    if oc > isa.BD_MAX_CHANNELS:
+        raise UnsupportedError(f"layer '{layer.name}' ({layer.kind}) has {oc} channels; a BM1880 BD takes at most "
+                               f"{isa.BD_MAX_CHANNELS} (split the tensor along its channels in the model)")  # fmt: skip
     raise UnsupportedError(
         f"layer '{layer.name}' ({layer.kind}) does not fit the BM1880 local memory even one row at a time"
     )

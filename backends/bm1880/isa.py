@@ -25,6 +25,7 @@ LMEM_BASE = 0x0800_0000  # lmem addresses in GDMA descriptors
 NPU_NUM = 32
 EU_NUM = 16
 LMEM_SIZE = 65536  # bytes per NPU
+BD_MAX_CHANNELS = (1 << 12) - 1  # a BD's res0_c / opd0_c fields are 12 bits (§2.5)
 LMEM_BANKS = 8
 
 # GDMA direction (word0 bits 6-7) and BD task types (reg_bdcast.h).

@@ -21,7 +21,7 @@ class Layer:
     """One BM1880 kernel invocation over int8 tensors (4-D views) with its integer parameters."""
 
     name: str
-    kind: str  # conv | dwconv | pool | act | eltwise | concat | copy | upsample | lut | mul
+    kind: str  # conv | dwconv | pool | act | eltwise | concat | copy | upsample | interleave | lut | mul
     inputs: tuple[str, ...]
     output: str
     mode: str = ""  # pool: max/avg; act: relu/leaky/prelu; eltwise: add/max
@@ -37,7 +37,8 @@ class Layer:
     multipliers: tuple[int, ...] = ()  # pool/concat/eltwise: per input; act: (gt_scale, le_scale)
     shifts: tuple[int, ...] = ()  # concat: per input; act: (gt_shift, le_shift)
     offsets: tuple[int, int, int, int] = (0, 0, 0, 0)  # copy: first element read, per NCHW axis
-    steps: tuple[int, int, int, int] = (1, 1, 1, 1)  # copy: read step per input axis; upsample: (1, 1, sh, sw)
+    steps: tuple[int, int, int, int] = (1, 1, 1, 1)  # copy: read step per input axis; upsample, interleave:
+    # (1, 1, sh, sw)
     perm: tuple[int, int, int, int] = (0, 1, 2, 3)  # copy: the input axis each output axis walks (transpose)
     # conv/dwconv with per-channel gains: u8 2^(7-k) per output channel; the conv BD writes 16 bits and a
     # multiply by the gain, shifted right by gain_shift (7; less for weights beyond int8), gives int8 (weights
@@ -84,6 +85,7 @@ class LowerContext:
     producers: dict[str, Op]
     source: str = "--calib"
     channel_gains: bool = False  # weight_scale=channel: per-channel power-of-two weight gains
+    absorbed: set[str] = field(default_factory=set)  # ops an earlier lowering folded in (a bias Add)
 
     def t(self, name: str) -> float:
         if name not in self.net.thresholds:

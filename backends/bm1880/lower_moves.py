@@ -1,7 +1,8 @@
 """BM1880 lowerings of data moves and table lookups: slice/split, nearest upsample, LUT activations, products.
 
-- slice / split: a `copy` layer per output, a GDMA gmem-to-gmem copy with the source strides scaled by the
-  steps (GDMA has n/c/h strides only, so a step along W is refused). The bytes move unchanged, so the output
+- slice / split / transpose: a `copy` layer per output, GDMA gmem-to-gmem copies with the source strides
+  scaled by the steps and permuted (GDMA has n/c/h strides only, so a step along W is refused; a transpose that
+  moves W copies single bytes). The bytes move unchanged, so the output
   takes the input's threshold.
 - nearest resize by integer factors: an `upsample` layer (TIU copies into a strided output tile); the output
   takes the input's threshold.
@@ -32,6 +33,7 @@ from npuc.compiler.numformats.bm1880_int8 import (
 from .layers import Layer, LowerContext, unsupported
 
 AXES_4D = {4: (0, 1, 2, 3), 3: (0, 1, 3), 2: (0, 1), 1: (1,)}  # IR axis -> NCHW-view axis (as_4d)
+GDMA_H_STRIDE_BITS = 16  # specs/bm1880.md §2.6
 
 
 def _axis4(ctx: LowerContext, op: Op, name: str, axis: int) -> int:
@@ -48,25 +50,26 @@ def _add_copy(ctx: LowerContext, op: Op, out: str, offsets: list[int], steps: li
     src = op.inputs[0]
     if steps[3] != 1:
         raise unsupported(op, f"with step {steps[3]} along the last axis (GDMA has no element stride)")
+    _, c, h, w = ctx.net.shapes[src]
+    h_walk = (c * h * w, h * w, w, 1)[perm[2]] * steps[perm[2]]
+    if h_walk >= 1 << GDMA_H_STRIDE_BITS:
+        raise unsupported(op, f"reading rows {h_walk} bytes apart (a GDMA h stride has {GDMA_H_STRIDE_BITS} bits)")
     _same_scale(ctx, src, out)
     ctx.add(Layer(f"{op.name}#{out}" if len(op.outputs) > 1 else op.name, "copy", (src,), out,
                   offsets=tuple(offsets), steps=tuple(steps), perm=tuple(perm)))  # fmt: skip
 
 
 def lower_transpose(ctx: LowerContext, op: Op) -> None:
-    """A permutation that keeps the last axis of the NCHW view in place: an S2S copy with permuted strides."""
+    """Any permutation of the NCHW view: S2S copies with permuted strides (moves.copy; whole rows when the last
+    axis stays, single bytes when it moves)."""
     src = op.inputs[0]
     rank = len(ctx.graph.shape(src))
     axes = AXES_4D.get(rank, ())
+    if not axes:
+        raise unsupported(op, f"on a rank-{rank} input (BM1880 tensors are 4-D views)")
     perm4 = [0, 1, 2, 3]
     for k, p in enumerate(op.attrs.perm):
         perm4[axes[k]] = axes[p]
-    if not axes or perm4[3] != 3:
-        raise unsupported(
-            op,
-            f"with perm {list(op.attrs.perm)} moving the last axis (GDMA copies rows whole; its transpose mode "
-            "is undocumented for BM1880)",
-        )
     _add_copy(ctx, op, op.outputs[0], [0, 0, 0, 0], [1, 1, 1, 1], perm4)
 
 

@@ -2,9 +2,11 @@
 
 Each works item by item and in row tiles that fit a lane (inputs, output and temporaries together):
 - copy (slice/split/transpose): S2S GDMAs straight from the input's bytes to the output's, with the
-  source strides scaled by the steps and permuted; no local memory;
+  source strides scaled by the steps and permuted (single bytes when the last axis moves); no local memory;
 - upsample: load the input rows, one TIU copy per (dy, dx) of the factor into the output tile read with
   strides (sh·W_out, sw), store the tile;
+- interleave (a transposed conv's phases): per phase, load its rows and TIU-copy them into the output tile
+  read with strides (sh·W_out, sw) from the phase's offset, store the tile;
 - mul: a 16-bit product BD (the per-channel factor read with h/w strides 0), then a multiply-shift BD to int8.
 """
 
@@ -49,25 +51,30 @@ def row_tiles(h: int, lane_bytes: Callable[[int], int], what: str):
 
 
 def copy(p: Target, layer: Layer) -> None:
-    """The strided source region to the packed output, in pieces of whole rows."""
+    """The strided source region to the packed output, in pieces of whole rows. GDMA reads W contiguously, so a
+    transpose that moves the last axis copies single bytes: the output's W walks on the GDMA's N axis."""
     src, out = layer.inputs[0], layer.output
     n, c, h, w = p.net.shapes[out]
     sstr, dstr = _gstrides(p.net.shapes[src]), _gstrides(p.net.shapes[out])
     full = (*sstr, 1)
     base = p.offsets[p.net.storage[src]] + sum(o * s for o, s in zip(layer.offsets, full, strict=True))
-    step_str = tuple(full[a] * layer.steps[a] for a in layer.perm[:3])  # output axis k walks input axis perm[k]
+    walk = [full[a] * layer.steps[a] for a in layer.perm]  # the input stride output axis k walks
     rows = max(1, min(h, COPY_LIMIT // max(1, c * w)))
     for n0 in range(n):
         for h0 in range(0, h, rows):
             count = min(rows, h - h0)
-            s_off = base + n0 * step_str[0] + h0 * step_str[2]
+            s_off = base + n0 * walk[0] + h0 * walk[2]
             d_off = p.offsets[p.net.storage[out]] + n0 * dstr[0] + h0 * dstr[2]
-            p.em.copy((1, c, count, w), (s_off, step_str), (d_off, dstr))
+            if layer.perm[3] == 3:
+                p.em.copy((1, c, count, w), (s_off, (walk[0], walk[1], walk[2])), (d_off, dstr))
+            else:
+                p.em.copy((w, c, count, 1), (s_off, (walk[3], walk[1], walk[2])), (d_off, (1, dstr[1], dstr[2])))
 
 
-def upsample(p: Target, layer: Layer) -> None:
-    src, out = layer.inputs[0], layer.output
-    n, c, h, w = p.net.shapes[src]
+def _spread(p: Target, layer: Layer, pieces: list[tuple[str, int, int]]) -> None:
+    """Output tiles of sh x sw blocks: per row tile, each (source, dy, dx) piece's rows (loaded once per source)
+    TIU-copied into the output tile read with strides (sh·W_out, sw) from offset (dy, dx)."""
+    n, c, h, w = p.net.shapes[pieces[0][0]]
     _, _, sh, sw = layer.steps
     wo = w * sw
 
@@ -75,16 +82,29 @@ def upsample(p: Target, layer: Layer) -> None:
         return align(tile_bytes((1, c, rows, w))) + tile_bytes((1, c, rows * sh, wo))
 
     for n0 in range(n):
-        for h0, rows in row_tiles(h, lane, f"upsample '{layer.name}'"):
+        for h0, rows in row_tiles(h, lane, f"{layer.kind} '{layer.name}'"):
             x = LTensor(0, (1, c, rows, w))
             y = LTensor(align(x.lane_bytes), (1, c, rows * sh, wo))
-            p.neuron(True, src, x, n0, 0, h0)
-            ys = y.strides
-            for dy in range(sh):
-                for dx in range(sw):
-                    view = LTensor(y.addr + dy * wo + dx, x.shape, fixed=(ys[0], ys[1], sh * wo, sw))
-                    arith(p.em, "mul", view, x, 1)
-            p.neuron(False, out, y, n0, 0, h0 * sh)
+            ys, loaded = y.strides, None
+            for source, dy, dx in pieces:
+                if source != loaded:
+                    p.neuron(True, source, x, n0, 0, h0)
+                    loaded = source
+                view = LTensor(y.addr + dy * wo + dx, x.shape, fixed=(ys[0], ys[1], sh * wo, sw))
+                arith(p.em, "mul", view, x, 1)
+            p.neuron(False, layer.output, y, n0, 0, h0 * sh)
+
+
+def upsample(p: Target, layer: Layer) -> None:
+    """Nearest upsample: the input copied to every (dy, dx) of its block."""
+    _, _, sh, sw = layer.steps
+    _spread(p, layer, [(layer.inputs[0], dy, dx) for dy in range(sh) for dx in range(sw)])
+
+
+def interleave(p: Target, layer: Layer) -> None:
+    """A transposed conv's s x s phase maps, phase k at (dy, dx) = divmod(k, sw) of each block."""
+    sw = layer.steps[3]
+    _spread(p, layer, [(phase, *divmod(k, sw)) for k, phase in enumerate(layer.inputs)])
 
 
 def mul(p: Target, layer: Layer) -> None:
@@ -121,5 +141,6 @@ def mul(p: Target, layer: Layer) -> None:
 MOVE_EMITTERS: dict[str, Callable[[Target, Layer], None]] = {
     "copy": copy,
     "upsample": upsample,
+    "interleave": interleave,
     "mul": mul,
 }

@@ -228,6 +228,18 @@ def _upsample(w: _Writer, layer: Layer, xs: list[str]) -> None:
     e.b.node("Reshape", [wide, e.c("shape", np.array(w.net.shapes[layer.output], np.int64))], w.out(layer))
 
 
+def _interleave(w: _Writer, layer: Layer, xs: list[str]) -> None:
+    """A transposed conv's phases: phase (dy, dx) at rows dy::sh, columns dx::sw (each reshaped to
+    (n, c, h, 1, w, 1), concatenated along the two unit axes, reshaped to the output)."""
+    e = w.e
+    n, c, h, wd = w.net.shapes[layer.inputs[0]]
+    _, _, sh, sw = layer.steps
+    six = [e.b.node("Reshape", [x, e.c("shape", np.array([n, c, h, 1, wd, 1], np.int64))]) for x in xs]
+    rows = [e.b.node("Concat", six[dy * sw : (dy + 1) * sw], axis=5) for dy in range(sh)]
+    block = e.b.node("Concat", rows, axis=3)
+    e.b.node("Reshape", [block, e.c("shape", np.array(w.net.shapes[layer.output], np.int64))], w.out(layer))
+
+
 def _lut(w: _Writer, layer: Layer, xs: list[str]) -> None:
     """The table indexed by the input code's byte, (q + 256) mod 256."""
     e = w.e
@@ -255,6 +267,7 @@ LAYER_EMITTERS: Mapping[str, LayerEmitter] = MappingProxyType(
         "concat": _concat,
         "copy": _copy,
         "upsample": _upsample,
+        "interleave": _interleave,
         "lut": _lut,
         "mul": _mul,
     }

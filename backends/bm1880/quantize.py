@@ -6,6 +6,8 @@ conv/FC: int8 weight [oc][ic][kh][kw], int16 bias, one right shift (`numformats.
 with weight_scale=channel per-channel gains (lower_gains.py; the default for a cali_table, `choose_weight_scale`);
 pooling and concat: an 8-bit requant multiplier and shift; eltwise: one multiplier per input and a common
 shift; ReLU/LeakyReLU/PReLU: gt/le scales and shifts. Reshape/flatten become aliases of their input's bytes.
+A linear layer on a (B, L, K) sequence is one FC over the B·L rows (a view of the same bytes); a transposed conv
+whose kernel equals its stride is a 1x1 conv per phase and an interleave; both fold the bias Add after them.
 Trailing layout transposes and softmax (what BMNet leaves to the host) are dropped from the outputs.
 Slice/split, nearest upsample, lookup activations and products are lowered in lower_moves.py; the
 records themselves live in layers.py.
@@ -32,6 +34,7 @@ from npuc.compiler.numformats.bm1880_int8 import (
     bm1880_scale_shift,
 )
 from npuc.compiler.numformats.rounding import round_half_up, saturate
+from npuc.passes.rewrite.rewrites import sole_user
 
 from .layers import Layer, LowerContext, LoweredNet, as_4d, unsupported
 from .lower_gains import GainQuant, apply_gains
@@ -256,7 +259,92 @@ def _lower_gemm(ctx: LowerContext, op: Op) -> None:
 
 
 def _lower_matmul(ctx: LowerContext, op: Op) -> None:
-    _lower_fc(ctx, op, ctx.const(op, 1), None, op.attrs.act)
+    weight = ctx.const(op, 1)
+    if len(ctx.graph.shape(op.inputs[0])) == 3 and weight.ndim == 2:
+        _lower_rows_fc(ctx, op, weight)
+        return
+    _lower_fc(ctx, op, weight, None, op.attrs.act)
+
+
+def _rows_view(ctx: LowerContext, name: str, rows: int) -> str:
+    """`name`'s bytes read as (rows, features, 1, 1): the NCHW view in which an FC runs on each row."""
+    view = f"{name}#rows"
+    ctx.net.shapes[view] = (rows, int(np.prod(ctx.net.shapes[name])) // rows, 1, 1)
+    ctx.net.storage[view] = ctx.net.storage[name]
+    ctx.net.thresholds[view] = ctx.t(name)
+    return view
+
+
+def _bias_add(ctx: LowerContext, op: Op, features: int, axis: int, relu: bool = False) -> tuple[Op, np.ndarray] | None:
+    """The Add of one constant per output feature (along `axis`) that alone reads `op`'s output: a bias
+    exported apart; with `relu`, a ReLU fused into that Add is allowed too."""
+    add = sole_user(ctx.graph, op.outputs[0])
+    if add is None or add.kind != "eltwise" or add.attrs.kind != "add" or op.attrs.act:
+        return None
+    if add.attrs.act is not None and not (relu and add.attrs.act.kind == "relu"):
+        return None
+    others = [i for i in add.inputs if i != op.outputs[0]]
+    const = ctx.graph.const(others[0]) if len(others) == 1 and len(add.inputs) == 2 else None
+    out_shape = ctx.graph.shape(op.outputs[0])
+    if const is None or const.size != features or ctx.graph.shape(add.outputs[0]) != out_shape:
+        return None
+    pos = axis % len(out_shape) - len(out_shape)  # numpy broadcasting aligns the constant on the right
+    if const.ndim > len(out_shape) or const.ndim < -pos or const.shape[pos] != features:
+        return None
+    return add, np.asarray(const, np.float32).reshape(-1)
+
+
+def _lower_rows_fc(ctx: LowerContext, op: Op, weight: np.ndarray) -> None:
+    """(B, L, K) x (K, N), a sequence model's linear layer: the B·L rows as the samples of one FC (the bytes
+    are already row after row), with the bias Add that follows folded in."""
+    b, rows, k = ctx.graph.shape(op.inputs[0])
+    features = weight.shape[1]
+    last, bias = op, None
+    found = _bias_add(ctx, op, features, -1)
+    if found is not None:
+        last, bias = found
+        ctx.absorbed.add(last.name)
+    src = _rows_view(ctx, op.inputs[0], b * rows)
+    out = last.outputs[0]
+    view = f"{out}#rows"
+    ctx.net.shapes[view], ctx.net.thresholds[view], ctx.net.storage[view] = (b * rows, features, 1, 1), ctx.t(out), view
+    ctx.net.storage[out] = view
+    w = np.ascontiguousarray(weight.T).reshape(features, k, 1, 1)
+    fc = Op(op.name, op.kind, [src], [view], op.attrs)
+    _conv_layer(ctx, fc, src, w, bias, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), op.attrs.act)
+
+
+def _lower_deconv(ctx: LowerContext, op: Op) -> None:
+    """A transposed conv whose kernel equals its stride (a learned upsample: each input pixel paints its own
+    s x s output block): one 1x1 conv per phase (a, b) of the block, with the weights W[:, :, a, b], then the
+    phases interleaved into the output (moves.interleave). The bias Add (and ReLU) that follows folds in."""
+    a: ops.ConvTranspose2d = op.attrs
+    w, b = ctx.const(op, 1), ctx.const(op, 2)
+    cin, oc, kh, kw = w.shape
+    if (kh, kw) != tuple(a.strides) or any(a.pads) or a.group != 1 or any(a.output_padding) or a.dilations != (1, 1):
+        raise unsupported(op, f"with kernel {(kh, kw)}, strides {tuple(a.strides)}, pads {list(a.pads)}, group "
+                              f"{a.group} (need kernel = stride, no pads, one group)")  # fmt: skip
+    last, act = op, a.act
+    found = _bias_add(ctx, op, oc, 1, relu=True)
+    if found is not None:
+        last, extra = found
+        ctx.absorbed.add(last.name)
+        b = extra if b is None else b + extra
+        act = last.attrs.act
+    if act is not None and act.kind != "relu":
+        raise unsupported(op, f"with fused activation {act.kind}")
+    out = last.outputs[0]
+    n, _, h, wd = ctx.net.shapes[op.inputs[0]]
+    phases = []
+    for dy in range(kh):
+        for dx in range(kw):
+            phase = f"{out}#phase{dy}{dx}"
+            ctx.net.shapes[phase], ctx.net.thresholds[phase], ctx.net.storage[phase] = (n, oc, h, wd), ctx.t(out), phase
+            conv = Op(f"{op.name}#phase{dy}{dx}", "conv2d", [op.inputs[0]], [phase], None)
+            weight = np.ascontiguousarray(w[:, :, dy, dx].T).reshape(oc, cin, 1, 1)
+            _conv_layer(ctx, conv, op.inputs[0], weight, b, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), act)
+            phases.append(phase)
+    ctx.add(Layer(op.name, "interleave", tuple(phases), out, steps=(1, 1, kh, kw)))
 
 
 def _lower_pool(ctx: LowerContext, op: Op) -> None:
@@ -379,6 +467,7 @@ LOWERINGS: dict[str, Callable[[LowerContext, Op], None]] = {
     "slice": lower_slice,
     "split": lower_split,
     "resize": lower_resize,
+    "conv_transpose2d": _lower_deconv,
     "transpose": lower_transpose,
 }
 
@@ -429,7 +518,8 @@ def lower(
     ctx = LowerContext(graph, net, producers, source, channel_gains)
     for op in graph.ops:
         with per_op(op):
-            LOWERINGS[op.kind](ctx, op)
+            if op.name not in ctx.absorbed:
+                LOWERINGS[op.kind](ctx, op)
     stop_if_gaps()
     for name in net.inputs + net.outputs:
         ctx.t(name)

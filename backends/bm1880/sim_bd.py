@@ -28,7 +28,7 @@ from . import isa
 
 MAX_ELEMENTS = 1 << 22  # no operand in 32 x 64 KiB of lmem has more; bounds index arrays for damaged files
 MAX_MACS = 1 << 32  # work bound per descriptor (a real BM1880 layer slice is far below)
-MAX_TAPS = 4096  # kernel positions per descriptor
+MAX_TAPS = 1 << 14  # kernel positions per descriptor (a global pool over a 128x128 map; one slice each)
 MAX_TAP_ELEMENTS = 1 << 28  # input elements gathered over all kernel positions of one descriptor
 
 
