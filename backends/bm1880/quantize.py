@@ -476,6 +476,10 @@ LOWERINGS: dict[str, Callable[[LowerContext, Op], None]] = {
 NO_FORM = {
     "softmax": "the TIU has no exponent, cross-channel sum or divide in int8, and a 256-entry lookup sees one "
     "value at a time; BMNet runs softmax on the host, only as a net output",
+    "layer_norm": "npuc has no BM1880 form for it: the per-row mean, variance and reciprocal square root would each "
+    "be requantized to int8 (the TIU has no divide and the chip no float format); cv18xx runs it in bf16",
+    "recurrent": "npuc has no BM1880 form for it: its unrolled steps run in bf16 on cv18xx, and BM1880 has no float "
+    "format while a table made on the model has no int8 thresholds for them",
 }
 
 
