@@ -174,3 +174,32 @@ def test_real_recogniser_gaps(real_model) -> None:  # noqa: ANN001
     found = npuc.check(path, "all", input_shapes=["x:1,3,48,320"])
     assert found["cv18xx", "int8"] == [] and found["cv18xx", "bf16"] == []
     assert found["bm1880", "int8"] == []
+
+
+def test_bm1880_gaps_name_the_cut_that_works(real_model, tmp_path) -> None:  # noqa: ANN001
+    """An op with no BM1880 form says why and names --output-names; ending the bmodel before it builds and runs
+    (ddddocr's CRNN cut at its LSTM's input: the CNN on the TPU, the LSTM left to the host)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from metrics import cosine
+
+    from npuc.models.images import model_inputs
+
+    path, shapes = real_model("ddddocr_crnn"), ["input1:1,1,64,160"]
+    (gap,) = npuc.check(path, "bm1880", input_shapes=shapes)["bm1880", "int8"]
+    assert gap.kind == "recurrent" and "no BM1880 form" in gap.reason and "--output-names" in gap.reason
+    cut = gap.reason.split("its input '")[1].split("'")[0]
+    feeds = model_inputs("ddddocr_crnn", 3)
+    (tmp_path / "data").mkdir()
+    for i, feed in enumerate(feeds[:2]):
+        np.savez(tmp_path / "data" / f"{i}.npz", **feed)
+    npuc.calibrate(path, [tmp_path / "data"], tmp_path / "t.txt", input_shapes=shapes, method="kl")
+    npuc.build(path, "bm1880", tmp_path / "c.bmodel", calib=tmp_path / "t.txt", input_shapes=shapes,
+               output_names=[cut])  # fmt: skip
+    out = npuc.run(tmp_path / "c.bmodel", {"input": feeds[2]["input1"]})
+    proto = onnx.load(str(path))
+    proto.graph.output.extend([onnx.helper.make_empty_tensor_value_info(cut)])
+    (want,) = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run([cut], feeds[2])
+    # measured 0.971 with this KL table of two pictures
+    assert list(out) == [cut] and cosine(out[cut].reshape(want.shape), want) >= 0.95
