@@ -107,6 +107,13 @@ class LowerContext:
     def add(self, layer: Layer) -> None:
         self.net.layers.append(layer)
 
+    def add_tensor(self, name: str, shape: Shape4, threshold: float, storage: str | None = None) -> str:
+        """A tensor the lowering makes (not the graph's): its 4-D view, its threshold and the tensor whose gmem
+        bytes it is (itself unless `storage` says)."""
+        self.net.shapes[name], self.net.thresholds[name] = shape, threshold
+        self.net.storage[name] = storage or name
+        return name
+
 
 def unsupported(op: Op, what: str) -> UnsupportedError:
     return UnsupportedError(f"op '{op.name}' ({op.kind}) {what} is not supported by the bm1880 target")

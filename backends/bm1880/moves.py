@@ -66,7 +66,7 @@ def copy(p: Target, layer: Layer) -> None:
             s_off = base + n0 * walk[0] + h0 * walk[2]
             d_off = p.offsets[p.net.storage[out]] + n0 * dstr[0] + h0 * dstr[2]
             if layer.perm[3] == 3:
-                p.em.copy((1, c, count, w), (s_off, (walk[0], walk[1], walk[2])), (d_off, dstr))
+                p.em.copy((1, c, count, w), (s_off, tuple(walk[:3])), (d_off, dstr))
             else:
                 p.em.copy((w, c, count, 1), (s_off, (walk[3], walk[1], walk[2])), (d_off, (1, dstr[1], dstr[2])))
 

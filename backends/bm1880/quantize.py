@@ -171,9 +171,7 @@ def _split_act(ctx: LowerContext, op: Op, act: ops.Activation | None) -> tuple[s
     out = op.outputs[0]
     if act is None or act.kind == "relu":
         return out, act is not None
-    pre = f"{out}#pre"
-    ctx.net.shapes[pre], ctx.net.thresholds[pre], ctx.net.storage[pre] = ctx.net.shapes[out], ctx.t(out), pre
-    return pre, False
+    return ctx.add_tensor(f"{out}#pre", ctx.net.shapes[out], ctx.t(out)), False
 
 
 def _finish_act(ctx: LowerContext, op: Op, act: ops.Activation | None, pre: str) -> None:
@@ -268,11 +266,8 @@ def _lower_matmul(ctx: LowerContext, op: Op) -> None:
 
 def _rows_view(ctx: LowerContext, name: str, rows: int) -> str:
     """`name`'s bytes read as (rows, features, 1, 1): the NCHW view in which an FC runs on each row."""
-    view = f"{name}#rows"
-    ctx.net.shapes[view] = (rows, int(np.prod(ctx.net.shapes[name])) // rows, 1, 1)
-    ctx.net.storage[view] = ctx.net.storage[name]
-    ctx.net.thresholds[view] = ctx.t(name)
-    return view
+    shape = (rows, int(np.prod(ctx.net.shapes[name])) // rows, 1, 1)
+    return ctx.add_tensor(f"{name}#rows", shape, ctx.t(name), ctx.net.storage[name])
 
 
 def _bias_add(ctx: LowerContext, op: Op, features: int, axis: int, relu: bool = False) -> tuple[Op, np.ndarray] | None:
@@ -306,8 +301,7 @@ def _lower_rows_fc(ctx: LowerContext, op: Op, weight: np.ndarray) -> None:
         ctx.absorbed.add(last.name)
     src = _rows_view(ctx, op.inputs[0], b * rows)
     out = last.outputs[0]
-    view = f"{out}#rows"
-    ctx.net.shapes[view], ctx.net.thresholds[view], ctx.net.storage[view] = (b * rows, features, 1, 1), ctx.t(out), view
+    view = ctx.add_tensor(f"{out}#rows", (b * rows, features, 1, 1), ctx.t(out))
     ctx.net.storage[out] = view
     w = np.ascontiguousarray(weight.T).reshape(features, k, 1, 1)
     fc = Op(op.name, op.kind, [src], [view], op.attrs)
@@ -338,8 +332,7 @@ def _lower_deconv(ctx: LowerContext, op: Op) -> None:
     phases = []
     for dy in range(kh):
         for dx in range(kw):
-            phase = f"{out}#phase{dy}{dx}"
-            ctx.net.shapes[phase], ctx.net.thresholds[phase], ctx.net.storage[phase] = (n, oc, h, wd), ctx.t(out), phase
+            phase = ctx.add_tensor(f"{out}#phase{dy}{dx}", (n, oc, h, wd), ctx.t(out))
             conv = Op(f"{op.name}#phase{dy}{dx}", "conv2d", [op.inputs[0]], [phase], None)
             weight = np.ascontiguousarray(w[:, :, dy, dx].T).reshape(oc, cin, 1, 1)
             _conv_layer(ctx, conv, op.inputs[0], weight, b, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), act)
