@@ -8,7 +8,7 @@ padding excluded, ONNX's default, or a ceil_mode overhang), the output is then m
 kh·kw/count, rounded again.
 Sigmoid and tanh are not the exact functions but the chip's table interpolation (bf16_lut.py); ReLU-like,
 hard-sigmoid/-swish and PReLU follow the TIU's step-by-step arithmetic (bf16_act.py). The matmul's
-accumulation is not modelled (float math).
+accumulation is not modelled (float math); softmax is computed in float64 and rounded once.
 """
 
 from __future__ import annotations
@@ -104,6 +104,13 @@ def conv_transpose2d(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [round_to_bf16(apply_activation(round_to_bf16(y), op.attrs.act))]
 
 
+def softmax(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """In float64, rounded once: the exact ONNX form computes it so (passes/export/qdq_exact.IN_DOUBLE), and a
+    float32 exp differs between libraries in the last bit, which can move the bf16 rounding."""
+    y = FLOAT_KERNELS["softmax"](op, [np.asarray(inputs[0], np.float64)])[0]
+    return [round_to_bf16(y.astype(np.float32))]
+
+
 _SPECIAL: dict[str, KernelFn] = {
     "conv_transpose2d": conv_transpose2d,
     "pool2d": pool2d,
@@ -111,6 +118,7 @@ _SPECIAL: dict[str, KernelFn] = {
     "activation": activation,
     "prelu": prelu,
     "conv2d": conv2d,
+    "softmax": softmax,
 }
 
 for _kind in OPS:
