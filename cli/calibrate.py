@@ -118,8 +118,9 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(
                 "--histogram",
-                help="Histogram geometry: global (one range per tensor, independent of the sample order) or "
-                "tpu-mlir (its sample-by-sample histogram, folders read in its order: tpu-mlir's own table).",
+                help="Histogram geometry: global (one range per tensor, power-of-two bins, independent of the "
+                "sample order, one pass) or tpu-mlir (its sample-by-sample histogram, folders read in its order: "
+                "tpu-mlir's own table).",
             ),
         ] = "global",
         tune: Annotated[

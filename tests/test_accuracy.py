@@ -67,10 +67,10 @@ def test_int8_top1_agreement_and_cosine(accuracy, measured):
     result = accuracy.score("npuc int8", ref, got, 0.0)
     assert result.confident >= 8  # page x4, astronaut x4 and more are confident in fp32
     assert result.top1_agreement >= 0.98  # the issue's goal
-    # the issue's cosine goal is a mean >= 0.99; the plain KL table measures ~0.95 on this model, tuned ~0.96
+    # the issue's cosine goal is a mean >= 0.99; the plain KL table measures ~0.96 on this model, tuned ~0.98
     # (see the bench, which also prints onnxruntime's own int8 alongside, and the test below for the cause).
     # Hold what is reached so it cannot regress.
-    assert result.mean_cosine >= 0.94  # measured 0.9509 (16 pictures, 10 confident)
+    assert result.mean_cosine >= 0.95  # measured 0.9582 (16 pictures, 10 confident; 0.9509 on 2048 bins over absmax)
     assert (accuracy._cosines(ref, got)[:4] > 0.999).all()  # the confident page pictures barely move
 
 
@@ -79,7 +79,7 @@ def test_tuned_int8_and_where_the_error_comes_from(accuracy, tuned, measured):
     assert table.tune_number == 5
     plain, result = accuracy.score("kl", ref, measured[2], 0.0), accuracy.score("kl+tune", ref, got, 0.0)
     assert result.top1_agreement >= 0.98
-    assert result.mean_cosine > plain.mean_cosine  # measured 0.9509 -> 0.9626
+    assert result.mean_cosine > plain.mean_cosine  # measured 0.9582 -> 0.9831
     assert result.mean_cosine == pytest.approx(TUNED_COSINE, abs=2e-3)
     # the scheme simulated in float (per-tensor activation thresholds) loses as much as the integer
     # reference: the arithmetic is not the cause. Per-channel activation thresholds (which cv18xx int8
@@ -104,7 +104,7 @@ def test_weight_reconstruction_and_its_side_file(accuracy, data, measured, tmp_p
     plain, refit = accuracy.score("kl", ref, measured[2], 0.0), accuracy.score("refit", ref, got, 0.0)
     assert refit.top1_agreement >= 0.98
     # near the issue's 0.99 here only because the 16 calibration pictures are these pictures mirrored; the
-    # bench measures 0.981 on its 76 and 0.956 (KL 0.938) on photos the fit never saw
+    # bench measures 0.981 on its 76 and 0.956 (KL 0.938) on photos the fit never saw (2048 bins over absmax)
     assert refit.mean_cosine == pytest.approx(REFIT_COSINE, abs=2e-3)
     assert refit.mean_cosine > plain.mean_cosine + 0.02
     # the side file a build would read gives the same integer network, bit for bit
@@ -113,8 +113,9 @@ def test_weight_reconstruction_and_its_side_file(accuracy, data, measured, tmp_p
     np.testing.assert_array_equal(accuracy.graph_int8_outputs(again, thresholds, feeds), got)
 
 
-TUNED_COSINE = 0.9626  # 16 pictures, 10 confident
-REFIT_COSINE = 0.9898  # 16 pictures, 10 confident: KL 0.9509 -> weight reconstruction
+# 16 pictures, 10 confident, on the power-of-two global histogram (on 2048 bins over absmax: 0.9626 and 0.9898)
+TUNED_COSINE = 0.9831
+REFIT_COSINE = 0.9846  # KL 0.9582 -> weight reconstruction
 
 
 def test_split_channels_cli_path(accuracy, data, tmp_path):  # noqa: ANN001
@@ -134,17 +135,19 @@ def test_default_calibration_beats_plain_kl(accuracy, data, measured, tmp_path):
     """What `npuc calibrate` gives with no option (--method auto: per-tensor search, then the split / tune / refit
     candidate judged on samples it never saw; --target-cos 0.99 on the samples it sets apart) as `npuc build`
     reads it (table, side file, qtable) against the plain KL table, on the same pictures. Measured (16
-    pictures): mean / worst cosine 0.9977 / 0.984 against KL's 0.9509 / 0.605, top-1 1.0 (0.9952 / 0.952 when the
-    bench's int8 outputs applied the side file's split but not its refitted constants; 0.9946 / 0.944 with the
-    method chosen on 3 set-apart samples and the fit judged on 2, 0.9697 / 0.883 before the fit was a candidate,
-    0.9899 / 0.951 before the choices judged the softmax's logits)."""
+    pictures): mean / worst cosine 0.9992 / 0.994 against KL's 0.9582 / 0.778, top-1 1.0 (0.9977 / 0.984 on 2048
+    histogram bins over the absmax, 0.9162 / 0.673 there with onnxruntime 1.32, whose activations led the fit's
+    judges to the tune step alone; 0.9952 / 0.952 when the bench's int8 outputs applied the side file's split but
+    not its refitted constants; 0.9946 / 0.944 with the method chosen on 3 set-apart samples and the fit judged on
+    2, 0.9697 / 0.883 before the fit was a candidate, 0.9899 / 0.951 before the choices judged the softmax's
+    logits)."""
     model, _, feeds, calib, _, ref = data
     table, layers, refinement = accuracy.default_table(model, calib, tmp_path)
     assert table.method.startswith("auto (") and "refit" in table.method and refinement is not None
     got = accuracy.npuc_int8_outputs(model, table, feeds, layers, refinement)
     default, kl = accuracy.score("defaults", ref, got, 0.0), accuracy.score("kl", ref, measured[2], 0.0)
     assert default.top1_agreement >= 0.98
-    assert default.mean_cosine > kl.mean_cosine + 0.03 and default.min_cosine > kl.min_cosine + 0.3
+    assert default.mean_cosine > kl.mean_cosine + 0.03 and default.min_cosine > kl.min_cosine + 0.2
     assert default.mean_cosine >= 0.99  # the issue's goal
 
 

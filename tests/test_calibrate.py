@@ -41,10 +41,15 @@ VENDOR_NAMES = [
 ]
 # Rows where tpu-mlir's threshold differs from a plain KL threshold: its tune step (5 samples) sweeps each
 # threshold from the KL value up to absmax in 20 steps and keeps the best; it only ever raises. Our KL for
-# relu_34 is 4.861 (a long, sparse tail up to 8.638); tpu-mlir's 7.898 lies between that and absmax, as a
+# relu_34 is 5.0 (a long, sparse tail up to 8.638); tpu-mlir's 7.898 lies between that and absmax, as a
 # raised value must (it is 16 of 20 steps up from ~4.94, its own KL over its sample-order-dependent bins).
-# Every other row's KL candidate is the last one, clamped to absmax, which tune cannot raise.
+# Every other row's KL candidate in tpu-mlir's table is the last one, clamped to absmax, which tune cannot raise.
 TUNED_BY_TPU_MLIR = {"relu_34_Relu"}
+# npuc's default (global) histogram has bins of a power-of-two width, 2048 to 4095 of them up to the absmax
+# (passes/calibration/histogram.py); KL tries a candidate every 128 bins, so where it does not keep the absmax its
+# candidates are not tpu-mlir's: conv_19's distribution clips at 7.0 = 1792 bins of 2^-8 (absmax 8.29, 2123 bins).
+# `--histogram tpu-mlir` gives tpu-mlir's geometry and table (test_tpu_mlir_histogram_gives_tpu_mlir_table).
+GEOMETRY_DIFFERS = {"conv_19_Conv"}
 
 
 def npuc(*args: str) -> subprocess.CompletedProcess:
@@ -69,13 +74,15 @@ def test_kl_table_matches_tpu_mlir(kl_table: Path) -> None:
     assert ours.sample_number == 20 and ours.histogram_bins == 2048 and ours.method == "kl"
     ratio = {n: ours.entries[n].threshold / vendor.entries[n].threshold for n in VENDOR_NAMES}
     within = [n for n, r in ratio.items() if abs(r - 1) <= 0.05]
-    assert len(within) == 10 and set(VENDOR_NAMES) - set(within) == TUNED_BY_TPU_MLIR
-    # the ten agree to float32 rounding, not just 5%: same data, same binning, same KL candidates
+    assert len(within) == 9 and set(VENDOR_NAMES) - set(within) == TUNED_BY_TPU_MLIR | GEOMETRY_DIFFERS
+    # the nine agree to float32 rounding, not just 5%: both keep the absmax, a fact of the data
     assert all(abs(ratio[n] - 1) < 1e-6 for n in within)
     for name in TUNED_BY_TPU_MLIR:
         o, v = ours.entries[name], vendor.entries[name]
-        assert o.threshold == pytest.approx(4.8614717, abs=1e-6)
+        assert o.threshold == 5.0
         assert o.threshold < v.threshold < o.max
+    (name,) = GEOMETRY_DIFFERS
+    assert ours.entries[name].threshold == 7.0 < vendor.entries[name].threshold
     # the observed ranges are facts of the data: equal for every row
     for name in VENDOR_NAMES:
         o, v = ours.entries[name], vendor.entries[name]
@@ -110,8 +117,9 @@ def test_tpu_mlir_histogram_gives_tpu_mlir_table(tune: int, jobs: int, tmp_path:
         assert differ == set()
     else:
         assert differ == {"relu_34_Relu", "relu_38_Relu"}
-        assert ours.entries["relu_34_Relu"].threshold == pytest.approx(6.6951752, abs=1e-6)
-        assert ours.entries["relu_38_Relu"].threshold == pytest.approx(7.0720048, abs=1e-6)
+        # to float32 rounding: onnxruntime's releases differ in the last bits of these activations
+        assert ours.entries["relu_34_Relu"].threshold == pytest.approx(6.6951752, rel=1e-6)
+        assert ours.entries["relu_38_Relu"].threshold == pytest.approx(7.0720048, rel=1e-6)
 
 
 def test_max_method_is_absmax_and_other_methods_are_bounded() -> None:
@@ -149,10 +157,10 @@ def test_tune_raises_only_the_threshold_tpu_mlir_raised(kl_table: Path, tmp_path
     (name,) = TUNED_BY_TPU_MLIR
     t, k, v = tuned.entries[name], kl.entries[name], vendor.entries[name]
     # the best of 22 candidates KL + i*(absmax-KL)/21 on samples 00..04 is i = 12 (the score is flat from
-    # i = 11 to 18: tpu-mlir's own KL start and interpreter land it on 7.898 there, ratio 0.889)
-    assert t.threshold == pytest.approx(4.8614717 + 12 * (8.6383963 - 4.8614717) / 21, abs=2e-6)
+    # i = 11 to 18: tpu-mlir's own KL start and interpreter land it on 7.898 there, ratio 0.896)
+    assert t.threshold == pytest.approx(5.0 + 12 * (8.6383963 - 5.0) / 21, abs=2e-6)
     assert k.threshold < t.threshold < v.threshold < t.max
-    assert t.threshold / v.threshold == pytest.approx(0.8888, abs=1e-3)
+    assert t.threshold / v.threshold == pytest.approx(0.8963, abs=1e-3)
 
 
 def test_batched_runs_give_the_same_table(kl_table: Path) -> None:

@@ -142,7 +142,7 @@ def test_ray_survives_a_lost_worker(tmp_path: Path, workload: tuple[Path, Path],
     result = calibrate(model, [data], options=CalibrationOptions(method="kl"), ray_address=cluster.address,
                        progress=progress)  # fmt: skip
     write_table(result.table, tmp_path / "lost.txt")
-    assert killed.is_set() and sum(done) == 2 * SAMPLES
+    assert killed.is_set() and sum(done) == SAMPLES  # one pass: the ranges bin the global histogram's grid
     assert (tmp_path / "lost.txt").read_bytes() == here
 
 

@@ -1,5 +1,5 @@
-"""Tests for passes/calibration/histogram.py: two-pass statistics, exact shard merging, threshold methods, .npz
-files."""
+"""Tests for passes/calibration/histogram.py: one- and two-pass statistics, exact shard merging, threshold methods,
+.npz files."""
 
 from __future__ import annotations
 
@@ -71,20 +71,67 @@ def test_merged_shards_equal_single_run_byte_for_byte(tmp_path):
 
 @pytest.mark.parametrize("histogram", hg.HISTOGRAMS)
 def test_shard_order_never_matters_sample_order_only_for_tpu_mlir(histogram: str):
-    samples = _samples()
+    # sample i has sigma 1 + 0.3 i; ordered by absmax, so that the range keeps growing whatever the draw
+    samples = sorted(_samples(), key=lambda s: float(np.abs(s["conv"]).max()))
     fresh = lambda **kw: hg.CalibrationStats(histogram=histogram, **kw)  # noqa: E731
     late = fresh(first=6)  # a shard that knows its place merges in any order
     ranges = _run(samples[6:], late, phase="range").merge(_run(samples[:6], fresh(), phase="range"))
     assert sorted(ranges.tensors["conv"].peaks) == (list(range(12)) if histogram == "tpu-mlir" else [])
     single = _run(samples, fresh())
     assert tm.table_rows(_run(samples, ranges.freeze(), phase="hist"), "kl") == tm.table_rows(single, "kl")
-    widening = single.tensors["conv"]  # sample i has sigma 1 + 0.3 i: the range keeps growing
+    widening = single.tensors["conv"]
     reverse = _run(samples[::-1], fresh()).tensors["conv"]
     assert widening.absmax == reverse.absmax and widening.hist.sum() == reverse.hist.sum()
     if histogram == "global":  # one range for all samples: the order changes nothing
-        assert np.array_equal(widening.hist, reverse.hist) and len(widening.hist) == 2048
+        assert np.array_equal(widening.hist, reverse.hist)
+        assert (widening.hist_range, len(widening.hist)) == hg.global_geometry(widening.absmax, 2048)
     else:  # tpu-mlir's histogram grows with the running absmax: its geometry follows the sample order
         assert len(widening.hist) > len(reverse.hist) == 2048
+
+
+def _grid_run(samples) -> hg.CalibrationStats:
+    stats = hg.CalibrationStats(with_grid=True)
+    for s in samples:
+        for name, x in s.items():
+            stats.observe_range(name, x)
+    return stats
+
+
+def test_global_histogram_in_one_pass_equals_two_passes_in_any_order_and_sharding(tmp_path):
+    """The range pass's grid gives the two-pass global histogram exactly: in one run, in shards merged in either
+    order (their grids at different exponents), and per shard at the whole run's geometry (the method choice's
+    folds), zeros, an all-zero sample and a tiny one included."""
+    samples = _samples()
+    samples.insert(2, {k: np.zeros_like(v) for k, v in samples[0].items()})
+    samples.insert(4, {k: v * np.float32(1e-30) for k, v in samples[1].items()})
+    two = _run(samples)
+    one = _grid_run(samples).histograms()
+    a, b = _grid_run(samples[:5]), _grid_run(samples[5:])
+    assert a.tensors["conv"].grid_exp < b.tensors["conv"].grid_exp  # the later samples are wider
+    for merged in (a.merge(b), b.merge(a)):
+        got = merged.histograms()
+        for name, st in two.tensors.items():
+            assert np.array_equal(got.tensors[name].hist, st.hist), name
+            assert got.tensors[name].zeros == st.zeros and got.tensors[name].hist_range == st.hist_range
+    sf.save_stats(two, tmp_path / "two.npz")
+    sf.save_stats(one, tmp_path / "one.npz")
+    assert (tmp_path / "one.npz").read_bytes() == (tmp_path / "two.npz").read_bytes()
+    whole = a.merge(b)
+    folds = a.histograms(whole).merge(b.histograms(whole))
+    sf.save_stats(folds, tmp_path / "folds.npz")
+    assert (tmp_path / "folds.npz").read_bytes() == (tmp_path / "two.npz").read_bytes()
+    with pytest.raises(UserError, match="do not cover"):
+        b.histograms(a)
+
+
+@pytest.mark.parametrize("absmax", [1e-30, 0.37, 1.0, 2047.0, 3.3e12])
+def test_global_geometry_is_power_of_two_and_never_coarser(absmax: float):
+    top, count = hg.global_geometry(absmax, 2048)
+    width = top / (count - 1)
+    assert np.frexp(width)[0] == 0.5  # a power of two: every edge is exact
+    assert width <= absmax / 2047 < 2 * width and 2048 <= count <= 4095
+    assert (count - 1.5) * width <= absmax < (count - 0.5) * width  # absmax falls in the last bin
+    assert float(hg.bin_width(top, count)) == width
 
 
 def test_one_pass_equals_two_passes_for_tpu_mlir_histogram():

@@ -11,14 +11,15 @@ BatchNormalization folded into a conv keeps the conv's (`conv_19_Conv`), an Iden
 output gives the output's name with the real producer's type (`output_Gemm`); graph inputs keep their name.
 `tensor_table_names` gives that mapping for every ONNX tensor.
 
-Two streaming passes (passes/calibration/histogram.py): ranges, freeze, histograms, on one onnxruntime session
-(passes/calibration/tap.py). Samples are loaded one batch at a time (the next batch runs while the current one is
-folded in); nothing per sample is kept, except each tensor's absmax for tpu-mlir's geometry. The default `global`
-histogram bins every sample over the absmax of all of them (pass 1 gives it); `histogram="tpu-mlir"` follows
-tpu-mlir's sample-by-sample geometry, which pass 1's per-sample absmax fixes for pass 2 — or, in one process, a single
-pass that grows the histogram as tpu-mlir does (the same statistics, half the model runs). Sharded runs: pass 1 per
-shard with `range_only`, merge the ranges, pass 2 per shard with those `ranges`, merge — the table is then
-byte-identical to a single run's.
+Streaming statistics (passes/calibration/histogram.py) on one onnxruntime session (passes/calibration/tap.py).
+Samples are loaded one batch at a time (the next batch runs while the current one is folded in); nothing per
+sample is kept, except each tensor's absmax for tpu-mlir's geometry. The default `global` histogram bins every
+sample over the absmax of all of them in one pass: the range pass bins a power-of-two grid that re-bins exactly
+as the absmax grows, in this process or in workers whose grids merge. Given `ranges` (merged range statistics
+from elsewhere) a second pass bins over them, to the same counts. `histogram="tpu-mlir"` follows tpu-mlir's
+sample-by-sample geometry, which pass 1's per-sample absmax fixes for pass 2 — or, in one process, a single pass
+that grows the histogram as tpu-mlir does. Sharded runs by hand: pass 1 per shard with `range_only`, merge the
+ranges, pass 2 per shard with those `ranges`, merge — the table is then byte-identical to a single run's.
 
 `CalibrationOptions.tune` > 0 adds tpu-mlir's tune step after KL (passes/calibration/tune.py) on the first N samples;
 it needs the samples, so a merged table (`calibrate merge`) is never tuned. `CalibrationOptions.refine`
@@ -209,7 +210,7 @@ def plan_calibration(model_path: str | Path, input_shapes: InputShapes | None = 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The two passes
+# The passes
 
 
 def collect_ranges(
@@ -220,14 +221,16 @@ def collect_ranges(
     progress: Progress,
     tap: TensorTap | None = None,
     first: int = 0,
+    with_grid: bool = False,
 ) -> CalibrationStats:
     """Pass 1: running min / max (and, for tpu-mlir's geometry, per-sample absmax) of every observed tensor;
-    `first`: the place of `files[0]` in the whole sample list (a shard's offset)."""
-    stats = CalibrationStats(bins=options.bins, first=first, histogram=options.histogram)
+    `first`: the place of `files[0]` in the whole sample list (a shard's offset); `with_grid`: also the global
+    histogram's grid, which `histograms()` turns into the histogram pass."""
+    stats = CalibrationStats(bins=options.bins, first=first, histogram=options.histogram, with_grid=with_grid)
     names = plan.observed
     observe = lambda n, x: stats.observe_range(names[n], x)  # noqa: E731
     tap = tap or TensorTap(plan, options.batch)
-    sweep(tap, files, pre, observe, progress("ranges", len(files)), _sample_keys(stats))
+    sweep(tap, files, pre, observe, progress("statistics" if with_grid else "ranges", len(files)), _sample_keys(stats))
     return stats
 
 
@@ -295,12 +298,15 @@ def calibrate(
     progress: Progress | None = None,
     jobs: int | None = 1,
     ray_address: str | None = None,
+    keep_grid: bool = False,
 ) -> CalibrationResult:
     """Calibrate a model on sample files and build its table.
 
     `ranges`: merged pass-1 statistics of all shards (skips pass 1, so shards bin alike); `range_only`: stop
-    after pass 1 (no table); `keep_histograms`: run pass 2 even for `max`, which needs only ranges.
-    `jobs`: the cores the two passes use, as worker processes of one onnxruntime thread each (None: every core;
+    after pass 1 (no table); `keep_histograms`: make the histograms even for `max`, which needs only ranges;
+    `keep_grid` with `range_only`: the range statistics keep the global histogram's grid, so `histograms()` makes
+    them at any merged geometry without another pass.
+    `jobs`: the cores the passes use, as worker processes of one onnxruntime thread each (None: every core;
     fewer workers when there are few samples, their threads sharing the cores; 1: this process, one thread);
     `ray_address`: run them on a Ray cluster instead (passes/calibration/shards.py). The table does not depend on
     either.
@@ -310,12 +316,13 @@ def calibrate(
     plan = plan_calibration(model_path, input_shapes)
     files = list_samples(data, limit)
     histograms = not range_only and (options.method != "max" or keep_histograms)
+    one_pass = ranges is None and options.histogram == "global" and (histograms or (range_only and keep_grid))
     workers = shards.effective_jobs(jobs, len(files))
     if ray_address or workers > 1:
         stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
-                                    progress, workers, ray_address, jobs)  # fmt: skip
+                                    progress, workers, ray_address, jobs, one_pass)  # fmt: skip
     else:
-        stats = _collect_here(plan, files, pre, options, ranges, histograms, progress, jobs or 0)
+        stats = _collect_here(plan, files, pre, options, ranges, histograms, progress, jobs or 0, one_pass)
     table = None if range_only else stats_to_table(stats, options)
     refinement, groupings = None, {}
     if table is not None and options.fits_samples():
@@ -354,10 +361,14 @@ def _collect_here(
     histograms: bool,
     progress: Progress,
     threads: int = 0,
+    one_pass: bool = False,
 ) -> CalibrationStats:
-    """Both passes in this process, on one onnxruntime session of `threads` threads (0: every core);
-    tpu-mlir's histogram needs only one pass."""
+    """The statistics in this process, on one onnxruntime session of `threads` threads (0: every core): one pass
+    for the global histogram's grid (`one_pass`) and for tpu-mlir's histogram, else ranges then histograms."""
     tap = TensorTap(plan, options.batch, threads=threads)
+    if one_pass:
+        stats = collect_ranges(plan, files, pre, options, progress, tap, with_grid=True)
+        return stats.histograms() if histograms else stats
     if ranges is None and histograms and options.histogram == "tpu-mlir":
         stats = CalibrationStats(bins=options.bins, histogram=options.histogram)
         names = plan.observed
@@ -382,19 +393,23 @@ def _collect_on_workers(
     workers: int,
     ray_address: str | None,
     cores: int | None,
+    one_pass: bool = False,
 ) -> CalibrationStats:
-    """Both passes split over worker processes or a Ray cluster; the same statistics as `_collect_here`.
-    `cores`: what the local workers' threads share (None: every core)."""
+    """The statistics split over worker processes or a Ray cluster; the same as `_collect_here`'s. `cores`: what
+    the local workers' threads share (None: every core)."""
     executor = shards.open_executor(workers, ray_address)
     try:
         if ray_address:
             workers = executor.jobs
 
-        def run(label: str, frozen: CalibrationStats | None) -> CalibrationStats:
+        def run(label: str, frozen: CalibrationStats | None, grid: bool = False) -> CalibrationStats:
             jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, workers, frozen,
-                                     options.histogram, cores)  # fmt: skip
+                                     options.histogram, cores, grid)  # fmt: skip
             return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
 
+        if one_pass:
+            stats = run("statistics", None, grid=True)
+            return stats.histograms() if histograms else stats
         if ranges is None:
             ranges = run("ranges", None)
         if not histograms:
@@ -419,7 +434,7 @@ def run_shard(job: shards.ShardJob) -> CalibrationStats:
     options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max", histogram=job.histogram)
     files = [Path(f) for f in job.files]
     if job.ranges is None:
-        return collect_ranges(plan, files, job.pre, options, no_progress, tap, first=job.first)
+        return collect_ranges(plan, files, job.pre, options, no_progress, tap, first=job.first, with_grid=job.grid)
     return collect_histograms(plan, files, job.pre, options, job.ranges, no_progress, tap)
 
 

@@ -141,8 +141,13 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
     split = SampleSplit.of(files)
     report, used, folds, fit, choose = split.report, split.used, split.folds, split.fit, split.judges
     start = time.perf_counter()
-    ranges = frozen if frozen is not None else run(used, range_only=True).stats
-    runs = [run(fold, ranges=ranges, keep_histograms=True) for fold in folds]
+    if frozen is None and options.histogram == "global":  # one pass per fold, histograms at the merged geometry
+        runs = [run(fold, range_only=True, keep_grid=True) for fold in folds]
+        ranges = reduce(lambda a, b: a.merge(b), (r.stats for r in runs))
+        runs = [replace(r, stats=r.stats.histograms(ranges)) for r in runs]
+    else:
+        ranges = frozen if frozen is not None else run(used, range_only=True).stats
+        runs = [run(fold, ranges=ranges, keep_histograms=True) for fold in folds]
     stats = reduce(lambda a, b: a.merge(b), (r.stats for r in runs))
     plan = plan_calibration(model, shapes or None)
     layers = list(dict.fromkeys(n for found in patterns.values() for n in found))

@@ -355,7 +355,7 @@ def kl_thresholds(
     graph: Graph, feeds: Sequence[Mapping[str, np.ndarray]], names: Sequence[str], bins: int = DEFAULT_BINS
 ) -> dict[str, float]:
     """KL thresholds of the op outputs `names` over `feeds` (range frozen from the batch's absmax, then one
-    histogram: what passes/calibration/calibrate.py's two passes give for these tensors)."""
+    histogram: what passes/calibration/calibrate.py's passes give for these tensors)."""
     wanted, found = set(names), {}
 
     def record(i: int, op: Op, raw: np.ndarray) -> np.ndarray:

@@ -1,22 +1,27 @@
 """Streaming, mergeable per-tensor calibration statistics: ranges and |x| histograms.
 
-Two passes over the calibration samples, so that sharded runs merge exactly:
-1. range pass: running min / max (float32), element and sample counts, and, for tpu-mlir's geometry only,
-   each sample's absmax keyed by its place in the sample order (and, when the caller names samples, by a key
-   of the sample's content); merging is min/max/sum and a union of the per-sample records;
-2. histogram pass: the |x| histogram over a geometry (range, bins) frozen from pass 1, one of two
-   (`HISTOGRAMS`, the stats' `histogram`):
-   - `global` (the default): one geometry for every sample, `bins` bins over the absmax of all samples; the
-     table does not depend on the sample order.
-   - `tpu-mlir`: tpu-mlir's geometry (quant.md §1.2), which it builds sample by sample: the first sample sets
-     `bins` bins over its range, and a later sample with a larger running absmax appends bins at the old step,
-     the old counts staying in the leading bins. Each sample is binned with the geometry in force after it,
-     which depends only on the ordered per-sample absmax of pass 1: `freeze` computes that sequence, pass 2
-     bins every sample at its own geometry into the final-length histogram. The geometry's arithmetic follows
-     tpu-mlir's numpy (float32 ranges until the first extension, float64 after), so the table equals
-     tpu-mlir's for the same samples in the same order.
-   Either way shards add, whatever the sharding. Binning: exact zeros are left out (counted separately),
-   `width = range / (bins - 1)`, `index = floor(|x| / width + 0.5)` in float32.
+The histogram has one of two geometries (`HISTOGRAMS`, the stats' `histogram`):
+- `global` (the default): one geometry for every sample, over the absmax of all samples, so the table does not
+  depend on the sample order: bins of a power-of-two width, the largest not above `absmax / (bins - 1)`
+  (`global_geometry`: `bins` to `2 bins - 1` bins up to the absmax; never coarser than `bins` bins over it).
+  It needs one pass over the samples: the range pass also counts |x| in a grid of `GRID_PER_BIN * bins` bins
+  over [0, 2^e), 2^e the first power of two above the absmax seen so far; when a larger absmax raises e,
+  neighbouring grid bins add up pairwise. Every edge involved is a power-of-two multiple, so all of it is
+  exact: the grid after any samples, in any order or sharding, is the grid binned at the final e directly,
+  and each final bin is a whole number of grid bins (`histograms()`). A second pass over frozen ranges
+  (`freeze`, `observe_histogram`: shards whose ranges come from elsewhere) gives the same counts directly.
+- `tpu-mlir`: tpu-mlir's geometry (quant.md §1.2), which it builds sample by sample: the first sample sets
+  `bins` bins over its range, and a later sample with a larger running absmax appends bins at the old step,
+  the old counts staying in the leading bins. Each sample is binned with the geometry in force after it,
+  which depends only on the ordered per-sample absmax of the range pass (each sample's absmax keyed by its
+  place in the sample order, and, when the caller names samples, by a key of its content): `freeze`
+  computes that sequence, the histogram pass bins every sample at its own geometry into the final-length
+  histogram. The geometry's arithmetic follows tpu-mlir's numpy (float32 ranges until the first extension,
+  float64 after), so the table equals tpu-mlir's for the same samples in the same order. In one process,
+  `observe_growing` does both passes at once, as tpu-mlir does.
+Either way shards merge exactly (min/max, integer counts), whatever the sharding. Binning: exact zeros are
+left out (counted separately); the final geometry's `width = range / (bins - 1)`, `index = floor(|x| / width +
+0.5)` in float32 (tpu-mlir's rule).
 
 The threshold methods that read these statistics are in threshold_methods.py, their `.npz` files in
 stats_file.py.
@@ -37,6 +42,7 @@ MAX_BINS = 1 << 16
 TINY_SAMPLE = 1e-8  # tpu-mlir: a sample whose |x| stays below this adds nothing to the histogram
 RESET_BINS = 8_000_000  # tpu-mlir: a histogram longer than this restarts from the current sample
 HISTOGRAMS = ("global", "tpu-mlir")  # the histogram geometries (module docstring)
+GRID_PER_BIN = 8  # the global histogram's grid: this many bins per `bins` (a final bin is >= 2 grid bins)
 
 
 @dataclass
@@ -53,6 +59,9 @@ class TensorStats:
     peaks: dict[int, float] = field(default_factory=dict)  # tpu-mlir histogram: sample index -> absmax (float32)
     geometry: dict[int, tuple[float, int]] = field(default_factory=dict)  # frozen: sample index -> (range, bins)
     binned: int = 0  # samples seen by the histogram pass
+    grid: np.ndarray | None = None  # global histogram, one pass: int64 counts over [0, 2^grid_exp), zeros excluded
+    grid_exp: int = 0
+    grid_zeros: int = 0  # exact zeros the grid left out
 
     @property
     def absmax(self) -> float:
@@ -78,7 +87,8 @@ def bin_width(top: float, bins: int) -> np.float32:
 
 @dataclass
 class CalibrationStats:
-    """Ordered per-tensor statistics; `observe_range` then `freeze` then `observe_histogram`.
+    """Ordered per-tensor statistics; `observe_range` then `freeze` then `observe_histogram`, or, for the global
+    histogram `with_grid`, `observe_range` then `histograms`.
 
     Samples are numbered from `first` in the order the range pass sees them (a shard starts at its first
     sample's place in the whole list). `begin_sample(key)` before a sample's tensors names it by a key of its
@@ -91,6 +101,7 @@ class CalibrationStats:
     first: int = 0
     keys: dict[str, int] = field(default_factory=dict)  # sample content key -> its first sample index
     histogram: str = "global"  # the geometry, one of HISTOGRAMS
+    with_grid: bool = False  # the range pass also bins the global histogram's grid (no second pass)
     _current: int | None = field(default=None, repr=False, compare=False)  # histogram pass: the sample's index
     _seen: int = field(default=0, repr=False, compare=False)  # range pass: samples begun
     _growing: dict[str, tuple[GrowingRange, np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
@@ -100,6 +111,8 @@ class CalibrationStats:
             raise UserError(f"histogram bins {self.bins} out of range; use 128..{MAX_BINS} (tpu-mlir uses 2048)")
         if self.histogram not in HISTOGRAMS:
             raise UserError(f"--histogram {self.histogram!r} is not one of {', '.join(HISTOGRAMS)}")
+        if self.with_grid and self.histogram != "global":
+            raise UserError("the one-pass grid makes the global histogram; tpu-mlir's follows the sample order")
 
     def begin_sample(self, key: str) -> None:
         """The tensors observed next belong to the sample with content key `key`."""
@@ -113,7 +126,7 @@ class CalibrationStats:
 
     def observe_range(self, name: str, x: np.ndarray) -> None:
         """Pass 1: fold one sample of tensor `name` into its min / max / counts (and, for tpu-mlir's geometry,
-        record its absmax)."""
+        record its absmax; `with_grid`, bin it into the global histogram's grid)."""
         a = np.asarray(x, dtype=np.float32).reshape(-1)
         st = self.tensors.setdefault(name, TensorStats())
         if st.hist is not None:
@@ -126,6 +139,8 @@ class CalibrationStats:
             st.min = float(np.float32(min(st.min, lo)))
             st.max = float(np.float32(max(st.max, hi)))
             peak = max(abs(np.float32(lo)), abs(np.float32(hi)))
+            if self.with_grid:
+                _grid_add(st, a, float(peak), self.bins)
         if self.histogram == "tpu-mlir":  # its geometry needs every sample's absmax; the global one does not
             st.peaks[self._current if self._current is not None else self.first + st.samples] = float(peak)
         st.numel += int(a.size)
@@ -137,13 +152,35 @@ class CalibrationStats:
         frozen = {}
         for name, st in self.tensors.items():
             if self.histogram == "global":
-                geometry, (top, bins) = {}, (st.absmax, self.bins)
+                geometry, (top, bins) = {}, global_geometry(st.absmax, self.bins)
             else:
                 geometry, (top, bins) = histogram_geometry(st.peaks, self.bins)
             frozen[name] = replace(
-                st, hist_range=top, hist=np.zeros(bins, dtype=np.int64), zeros=0, geometry=geometry, binned=0
-            )
+                st, hist_range=top, hist=np.zeros(bins, dtype=np.int64), zeros=0, geometry=geometry, binned=0,
+                grid=None, grid_exp=0, grid_zeros=0,
+            )  # fmt: skip
         return self._like(frozen)
+
+    def histograms(self, whole: CalibrationStats | None = None) -> CalibrationStats:
+        """The histogram pass the grids already made (`with_grid`): what `whole.freeze()` and `observe_histogram`
+        over this run's samples give. `whole`: the merged range statistics of every shard, whose geometry the
+        histograms take (default: these)."""
+        whole = self if whole is None else whole
+        if not self.with_grid:
+            raise UserError("these statistics have no grid: run the histogram pass over frozen ranges")
+        out = {}
+        for name, st in self.tensors.items():
+            ref = whole.tensors.get(name)
+            if ref is None or st.absmax > ref.absmax:
+                raise UserError(f"tensor {name!r}: the whole run's range statistics do not cover this shard's")
+            top, bins = global_geometry(ref.absmax, self.bins)
+            exponent = grid_exponent(ref.absmax)
+            grid = _regrid(st.grid, st.grid_exp, exponent) if st.grid is not None else None
+            out[name] = replace(
+                ref, hist_range=top, hist=grid_histogram(grid, exponent, top, bins),
+                zeros=st.grid_zeros, binned=st.samples, peaks={}, geometry={}, grid=None, grid_exp=0, grid_zeros=0,
+            )  # fmt: skip
+        return self._like(out)
 
     def _like(self, tensors: dict[str, TensorStats]) -> CalibrationStats:
         return CalibrationStats(tensors, self.bins, self.first, dict(self.keys), self.histogram)
@@ -231,11 +268,14 @@ class CalibrationStats:
         for k, i in self.keys.items():
             keys[k] = min(i, keys.get(k, i))
         first = min(self.first, other.first + shift)
-        return CalibrationStats(merged, self.bins, first, dict(sorted(keys.items())), self.histogram)
+        grids = self.with_grid and other.with_grid
+        return CalibrationStats(merged, self.bins, first, dict(sorted(keys.items())), self.histogram, grids)
 
     def copy(self) -> CalibrationStats:
         """An independent copy (give each histogram-pass shard its own copy of the frozen statistics)."""
-        return self._like({name: _copy_tensor(st) for name, st in self.tensors.items()})
+        copied = self._like({name: _copy_tensor(st) for name, st in self.tensors.items()})
+        copied.with_grid = self.with_grid
+        return copied
 
 
 def _indices(stats: CalibrationStats) -> set[int]:
@@ -313,7 +353,8 @@ def histogram_geometry(peaks: Mapping[int, float], bins: int) -> tuple[dict[int,
 
 
 def _copy_tensor(st: TensorStats) -> TensorStats:
-    return replace(st, hist=None if st.hist is None else st.hist.copy(), peaks=dict(st.peaks))
+    copy = lambda a: None if a is None else a.copy()  # noqa: E731
+    return replace(st, hist=copy(st.hist), peaks=dict(st.peaks), grid=copy(st.grid))
 
 
 def _not_finite(name: str) -> UserError:
@@ -330,6 +371,10 @@ def _merge_tensor(name: str, a: TensorStats, b: TensorStats) -> TensorStats:
         samples=a.samples + b.samples,
         peaks=dict(sorted({**a.peaks, **b.peaks}.items())),
     )
+    if a.grid is not None or b.grid is not None:  # range shards of a one-pass global histogram
+        out.grid_exp = max(st.grid_exp for st in (a, b) if st.grid is not None)
+        out.grid = sum(_regrid(st.grid, st.grid_exp, out.grid_exp) for st in (a, b) if st.grid is not None)
+    out.grid_zeros = a.grid_zeros + b.grid_zeros
     if a.hist is not None:
         base = lambda st: (st.min, st.max, st.numel, st.samples, st.hist_range, len(st.hist))  # noqa: E731
         if base(a) != base(b):
@@ -372,3 +417,82 @@ def histogram_abs(x: np.ndarray, absmax: float, bins: int, name: str = "tensor")
     counts = np.bincount(t.astype(np.intp), minlength=bins + 1)[:bins]
     counts[0] -= zeros
     return counts, zeros
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The global histogram's power-of-two grid (module docstring)
+
+
+def grid_size(bins: int) -> int:
+    """Grid bins for a `bins`-bin histogram: a power of two of at least GRID_PER_BIN per final bin."""
+    return 1 << int(np.ceil(np.log2(bins * GRID_PER_BIN)))
+
+
+def grid_exponent(top: float) -> int:
+    """e of the grid over [0, 2^e) for values up to `top` > 0: the first power of two above it."""
+    return int(np.frexp(np.float64(top))[1])
+
+
+def _grid_counts(a: np.ndarray, exponent: int, size: int) -> tuple[np.ndarray, int]:
+    """|a| counted in the grid's bins `floor(|x| * size / 2^e)` (zeros left out), and the number of zeros. The
+    scaling is by a power of two, so exact: the same value lands in bin i at e and in bin i // 2^d at e + d."""
+    zeros = int(a.size - np.count_nonzero(a))
+    scaled = np.abs(a)
+    shift = int(np.log2(size)) - exponent
+    for step in (min(shift, 127), shift - min(shift, 127)):  # float32 powers of two (np.ldexp is 20x slower)
+        if step:
+            np.multiply(scaled, np.float32(2.0**step), out=scaled)
+    counts = np.bincount(scaled.astype(np.intp), minlength=size)
+    counts[0] -= zeros
+    return counts, zeros
+
+
+def _grid_add(st: TensorStats, a: np.ndarray, peak: float, bins: int) -> None:
+    """One sample into the tensor's grid; a larger absmax first coarsens the grid to its exponent."""
+    if peak == 0.0:  # all zeros: no exponent yet
+        st.grid_zeros += int(a.size)
+        return
+    size = grid_size(bins)
+    exponent = grid_exponent(peak)
+    if st.grid is None:
+        st.grid, st.grid_exp = np.zeros(size, np.int64), exponent
+    elif exponent > st.grid_exp:
+        st.grid, st.grid_exp = _regrid(st.grid, st.grid_exp, exponent), exponent
+    counts, zeros = _grid_counts(a, st.grid_exp, size)
+    st.grid += counts
+    st.grid_zeros += zeros
+
+
+def _regrid(grid: np.ndarray, exponent: int, to: int) -> np.ndarray:
+    """The grid at a larger exponent: each 2^(to - exponent) neighbouring bins add up into one."""
+    if to == exponent:
+        return grid
+    size, group = len(grid), 1 << min(to - exponent, int(np.log2(len(grid))))
+    out = np.zeros(size, np.int64)
+    out[: size // group] = grid.reshape(-1, group).sum(axis=1)
+    return out
+
+
+def global_geometry(absmax: float, bins: int) -> tuple[float, int]:
+    """The global histogram over `absmax`: (range, bin count); its width `range / (count - 1)` is the largest power
+    of two not above `absmax / (bins - 1)`, its count the bins up to the one `absmax` falls in."""
+    if not absmax > 0:
+        return 0.0, bins
+    width = float(np.ldexp(1.0, int(np.frexp(absmax / (bins - 1))[1]) - 1))
+    count = int(np.floor(absmax / width + 0.5)) + 1
+    return width * (count - 1), count
+
+
+def grid_histogram(grid: np.ndarray | None, exponent: int, top: float, bins: int) -> np.ndarray:
+    """The global histogram (`global_geometry`'s `top` and `bins`) of a grid at `exponent`: final bin j, |x| in
+    [(j - 1/2) w, (j + 1/2) w), is exactly grid bins [(2j - 1) r, (2j + 1) r), r = w / 2 / (grid bin width)."""
+    hist = np.zeros(bins, np.int64)
+    if grid is None or not grid.any():
+        return hist
+    size = len(grid)
+    half = int(np.ldexp(top / (bins - 1) / 2, int(np.log2(size)) - exponent))  # r: a power of two >= 1
+    index = (np.arange(size) + half) // (2 * half)
+    used = index < bins  # grid bins past the last final bin are empty
+    starts = np.flatnonzero(np.diff(index[used], prepend=-1))
+    hist[index[used][starts]] = np.add.reduceat(grid[used], starts)
+    return hist

@@ -1,7 +1,8 @@
-"""The two calibration passes split over workers: local processes (`--jobs N`) or a Ray cluster (`--ray ADDR`).
+"""The calibration passes split over workers: local processes (`--jobs N`) or a Ray cluster (`--ray ADDR`).
 
 The samples are cut into contiguous chunks; each chunk is one task that runs the pinned model over its samples
-and returns its statistics (ranges in pass 1; histograms over the merged, frozen ranges in pass 2). Merging is
+and returns its statistics: ranges (with the global histogram's grid, all a one-pass run needs), or, in a second
+pass, histograms over merged, frozen ranges. Merging is
 exact (min/max and integer counts, passes/calibration/histogram.py), so the table is byte-identical to a one-process run
 whatever the number of workers, the chunking or the order in which tasks finish.
 
@@ -47,6 +48,7 @@ class ShardJob:
     threads: int
     first: int = 0  # the place of files[0] in the whole sample list: pass 1 numbers the samples from it
     histogram: str = "global"  # the histogram geometry (passes/calibration/histogram.py)
+    grid: bool = False  # pass 1 also bins the global histogram's grid (then there is no pass 2)
 
 
 def default_jobs() -> int:
@@ -168,6 +170,7 @@ def shard_jobs(
     ranges: CalibrationStats | None,
     histogram: str = "global",
     cores: int | None = None,
+    grid: bool = False,
 ) -> list[ShardJob]:
     """The chunks of one pass; each worker's onnxruntime gets its share of `cores` (default: every core)."""
     shapes = tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
@@ -175,6 +178,8 @@ def shard_jobs(
     chunks = chunk_files(files, workers, batch)
     starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
     return [
-        ShardJob(str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads, start, histogram)
+        ShardJob(
+            str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads, start, histogram, grid
+        )
         for chunk, start in zip(chunks, starts)
     ]

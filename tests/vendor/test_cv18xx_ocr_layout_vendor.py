@@ -161,8 +161,10 @@ def test_ppocrv6_det_int8_default_on_mirrored_text_pictures(text_detector_defaul
         got = got.reshape(want.shape)
         cosines.append(cosine(got, want))
         found, wanted = got > 0.3, want > 0.3  # DB post-processing's binarisation threshold
-        assert (found & wanted).sum() / (found | wanted).sum() >= 0.88  # measured 0.894 - 0.979
-    assert np.mean(cosines) >= 0.98 and min(cosines) >= 0.965  # measured 0.9896 / 0.9739
+        # measured 0.870 - 0.977 (0.894 - 0.979 with 2048 histogram bins over the absmax: the power-of-two bins
+        # of passes/calibration/histogram.py move the calibration's choices a little, here down, PP-LCNet's up)
+        assert (found & wanted).sum() / (found | wanted).sum() >= 0.86
+    assert np.mean(cosines) >= 0.98 and min(cosines) >= 0.965  # measured 0.9857 / 0.9688 (before 0.9896 / 0.9739)
     for feed in photos:
         want, got = session.run(None, feed)[0], run_vendor(out, feed)["fetch_name_0"]
         if want.max() < 0.3:  # no text in float

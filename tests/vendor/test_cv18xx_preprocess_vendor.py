@@ -3,10 +3,11 @@ uint8 frame runs bit for bit as npuc's simulator runs it, and its top-1 is the f
 the float-preprocessed picture) on real photos of pages and text that calibration never saw.
 
 The table is `npuc calibrate`'s default on the pictures' mirror images. Measured on all 20 pictures: bgr_packed
-agrees with float on 20 of 20; nv21 on 17 of 20 - its three flips are text pictures where the float model
-hesitates (top-1 ahead by 0.08-0.15). The colour conversion itself does not move them: the RGB picture the TPU
+and nv21 each agree with float on 19 of 20, their flip a text picture where the float model hesitates (top-1
+ahead by 0.08); with 2048 histogram bins over the absmax (before the power-of-two bins) 20 and 17 of 20, nv21's
+flips text pictures ahead by 0.08-0.15. The colour conversion itself does not move them: the RGB picture the TPU
 makes of the frame (tpu-mlir's bf16 formulas) is within one level of the original, and the float model fed it
-agrees with the float model on all 20; the int8 network does, on those three, from one level of difference."""
+agrees with the float model on all 20; the int8 network does, on those, from one level of difference."""
 
 from __future__ import annotations
 
@@ -112,10 +113,9 @@ def test_frame_model_is_bit_exact_and_classifies_as_the_float_model(
         agree.append(np.argmax(next(iter(ours.values()))) == np.argmax(reference))
         second, top = np.sort(reference)[-2:]
         clear.append(top - second >= CLEAR_MARGIN)
-    if "YUV" not in record.pixel_format:
-        assert all(agree), agree
-    else:  # 4:2:0 chroma moves the pictures where the float model hesitates (3 of 20), never a clear one
-        assert sum(agree) >= count - 3 and all(a for a, c in zip(agree, clear) if c), (agree, clear)
+    # int8 may move a picture where the float model hesitates (4:2:0 chroma has moved 3 of 20), never a clear one
+    flips = 1 if "YUV" not in record.pixel_format else 3
+    assert sum(agree) >= count - flips and all(a for a, c in zip(agree, clear) if c), (agree, clear)
 
 
 @pytest.mark.parametrize(("chip", "quant"), [("cv183x", "int8"), ("cv180x", "int8"), ("cv182x", "bf16")])
