@@ -8,10 +8,10 @@ JOBS   ?= 2
 
 .PHONY: demo test test-fast bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # A real end-to-end run on a bundled model: generate it, inspect it, compile it for two targets and run
