@@ -323,6 +323,8 @@ def calibrate(
                                     progress, workers, ray_address, jobs, one_pass)  # fmt: skip
     else:
         stats = _collect_here(plan, files, pre, options, ranges, histograms, progress, jobs or 0, one_pass)
+    if one_pass and histograms:  # the grid gives the histograms at the merged absmax, no second pass
+        stats = stats.histograms()
     table = None if range_only else stats_to_table(stats, options)
     refinement, groupings = None, {}
     if table is not None and options.fits_samples():
@@ -367,8 +369,7 @@ def _collect_here(
     for the global histogram's grid (`one_pass`) and for tpu-mlir's histogram, else ranges then histograms."""
     tap = TensorTap(plan, options.batch, threads=threads)
     if one_pass:
-        stats = collect_ranges(plan, files, pre, options, progress, tap, with_grid=True)
-        return stats.histograms() if histograms else stats
+        return collect_ranges(plan, files, pre, options, progress, tap, with_grid=True)
     if ranges is None and histograms and options.histogram == "tpu-mlir":
         stats = CalibrationStats(bins=options.bins, histogram=options.histogram)
         names = plan.observed
@@ -408,8 +409,7 @@ def _collect_on_workers(
             return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
 
         if one_pass:
-            stats = run("statistics", None, grid=True)
-            return stats.histograms() if histograms else stats
+            return run("statistics", None, grid=True)
         if ranges is None:
             ranges = run("ranges", None)
         if not histograms:

@@ -435,14 +435,20 @@ def grid_exponent(top: float) -> int:
 
 def _grid_counts(a: np.ndarray, exponent: int, size: int) -> tuple[np.ndarray, int]:
     """|a| counted in the grid's bins `floor(|x| * size / 2^e)` (zeros left out), and the number of zeros. The
-    scaling is by a power of two, so exact: the same value lands in bin i at e and in bin i // 2^d at e + d."""
-    zeros = int(a.size - np.count_nonzero(a))
+    scaling is by a power of two, so exact: the same value lands in bin i at e and in bin i // 2^d at e + d.
+
+    Three passes over the data: |a|; its zeros counted on the bit patterns (after abs, +0.0 is the only zero
+    pattern, and integer counting is 5x faster than float); the scaled |a| truncated straight into int32 bin
+    indices (a float32 product cast in the same ufunc call), then bincount."""
     scaled = np.abs(a)
+    zeros = int(a.size - np.count_nonzero(scaled.view(np.uint32)))
     shift = int(np.log2(size)) - exponent
-    for step in (min(shift, 127), shift - min(shift, 127)):  # float32 powers of two (np.ldexp is 20x slower)
-        if step:
-            np.multiply(scaled, np.float32(2.0**step), out=scaled)
-    counts = np.bincount(scaled.astype(np.intp), minlength=size)
+    if shift > 127:  # beyond one float32 power of two (np.ldexp is 20x slower than a multiply)
+        np.multiply(scaled, np.float32(2.0**127), out=scaled)
+        shift -= 127
+    index = np.empty(a.size, np.int32)
+    np.multiply(scaled, np.float32(2.0**shift), out=index, casting="unsafe")  # bins < size: truncation is floor
+    counts = np.bincount(index, minlength=size)
     counts[0] -= zeros
     return counts, zeros
 

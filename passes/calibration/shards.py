@@ -2,9 +2,9 @@
 
 The samples are cut into contiguous chunks; each chunk is one task that runs the pinned model over its samples
 and returns its statistics: ranges (with the global histogram's grid, all a one-pass run needs), or, in a second
-pass, histograms over merged, frozen ranges. Merging is
-exact (min/max and integer counts, passes/calibration/histogram.py), so the table is byte-identical to a one-process run
-whatever the number of workers, the chunking or the order in which tasks finish.
+pass, histograms over merged, frozen ranges. Merging is exact (min/max and integer counts,
+passes/calibration/histogram.py), so the table is byte-identical to a one-process run whatever the number of
+workers, the chunking or the order in which tasks finish.
 
 The task itself (passes/calibration/calibrate.py `run_shard`) is handed in: this module knows workers, not models.
 Ray does the scheduling, retries and object transfer for the cluster case: a task lost with its worker runs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,7 @@ class TensorTap:
         for name in self.fetch:
             if name not in existing:  # no type or shape: onnxruntime infers both (also under --batch)
                 model.graph.output.append(onnx.ValueInfoProto(name=name))
-        self.plan, self.batch = plan, batch
+        self.plan, self.batch, self.threads = plan, batch, threads
         if batch > 1:
             _set_batch(model, batch)
         options = ort.SessionOptions()
@@ -104,6 +104,13 @@ def sample_key(feed: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _done_now(fn: Callable, *args: object) -> Future:
+    """`fn(*args)` run here and now, as a finished future."""
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return done
+
+
 def _check_batching(tap: TensorTap, single: TensorTap, first: dict[str, np.ndarray], batched: dict) -> None:
     """Sample 0 alone must give what it gives inside a batch, else the model is not batch-safe."""
     alone = single.run(first)
@@ -136,8 +143,10 @@ def sweep(
     """Run every sample through the model once, handing each observed tensor to `observe` in sample order,
     one sample at a time (a batch is sliced), after `begin(sample_key(sample))`.
 
-    A worker thread loads and runs batch k+1 (onnxruntime releases the GIL) while this thread folds batch k
-    into the statistics; at most two batches of tensors are alive, whatever the sample count.
+    A session of more than one thread (`tap.threads` 0 or > 1) has cores to spare: a worker thread then loads and
+    runs batch k+1 (onnxruntime releases the GIL) while this thread folds batch k into the statistics. A one-thread
+    session is one core's work (--jobs 1, each worker of --jobs N, a one-CPU Ray task): everything in this thread.
+    At most two batches of tensors are alive, whatever the sample count.
     """
     plan, batch = tap.plan, tap.batch
     chunks = [files[i : i + batch] for i in range(0, len(files), batch)]
@@ -148,10 +157,11 @@ def sweep(
 
     checked = batch == 1
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(load_and_run, chunks[0]) if chunks else None
+        ahead = pool.submit if tap.threads != 1 else _done_now
+        pending = ahead(load_and_run, chunks[0]) if chunks else None
         for k in range(len(chunks)):
             samples, values = pending.result()
-            pending = pool.submit(load_and_run, chunks[k + 1]) if k + 1 < len(chunks) else None
+            pending = ahead(load_and_run, chunks[k + 1]) if k + 1 < len(chunks) else None
             if not checked:
                 _check_batching(tap, TensorTap(plan, 1), samples[0], values)
                 checked = True
