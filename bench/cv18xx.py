@@ -1,4 +1,4 @@
-"""cv18xx int8 builds of smallcnn, a resnet18-shaped 224x224 model and PP-LCNet against tpu-mlir's figures.
+"""cv18xx int8 builds of smallcnn, a resnet18-shaped 224x224 model, PP-LCNet and MTCNN O-Net against tpu-mlir.
 
     .venv/bin/python bench/cv18xx.py [--chips cv183x,cv181x] [--samples 4]
 
@@ -20,7 +20,16 @@ Each (model, chip) builds in a fresh child process, so its peak RSS is its own. 
   bytes next to tpu-mlir's (its cvimodel in ../shared/golden/cv18xx where present, scored by the same cost
   model; for resnet18_224 the figures measured in issue 23).
 resnet18_224 is calibrated in-process (npuc's KL calibration) on a few scikit-image photos, PP-LCNet
-(pplcnet_orientation, fetched) on its real pictures.
+(pplcnet_orientation) and O-Net (mtcnn_onet), both fetched, on their real pictures.
+
+Measured (`--chips cv183x`, quiet machine), cycles npuc / tpu-mlir: smallcnn 28,834 / 30,194, resnet18_224
+3,782,414 / 3.92 M, pplcnet 422,638 / 434,211, onet 50,878 / 52,420; overlap 14.8% / 12.0%, 14.8% / 17.5%,
+13.3% / 10.0%; DDR bytes 13,995,760 / 12,800,000, 2,580,760 / 2,967,656, 419,280 / 389,056. Before layer groups
+were cut by cost and O-Net's fully-connected layer used every lane: 4,140,718, 483,916 and 73,138 cycles.
+The cuts trade gmem for cycles where tiles are short: resnet18_224 on cv181x (8 lanes) runs in 14.60 M cycles
+against 16.59 M with the longest groups, but three 64x56x56 tensors are alive at once, shared gmem 602,112 B
+against 401,408 B, so its "gmem no larger" line (against tpu-mlir's cv183x figure) misses; `--option
+layer_group=longest` gives the smaller footprint back.
 """
 
 from __future__ import annotations
@@ -47,7 +56,11 @@ TPU_MLIR = {  # measured here with tpu-mlir 1.30.2 on resnet18_224 (issue 4)
 TPU_MLIR_SCHEDULE = {  # tpu-mlir 1.30.2's cvimodels (cv183x int8) scored by timing.py / traffic.py (issue 23)
     "resnet18_224": {"cycles": 3_920_000, "overlap": 0.12, "ddr": 12_800_000},
 }
-TPU_MLIR_FILES = {"pplcnet": "pplcnet_tpumlir_{chip}_int8.cvimodel"}  # default: {name}_{chip}_int8.cvimodel
+TPU_MLIR_FILES = {  # default: {name}_{chip}_int8.cvimodel
+    "pplcnet": "pplcnet_tpumlir_{chip}_int8.cvimodel",
+    "onet": "onet_tpumlir_{chip}_int8.cvimodel",
+}
+REAL = {"pplcnet": "pplcnet_orientation", "onet": "mtcnn_onet"}  # bench name -> npuc.models.fetch name
 DDR_GOAL = 1.5  # traffic with layer groups within 1.5x of the lower bound
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "colorwheel", "retina")
 
@@ -73,8 +86,8 @@ def _calibrate_resnet(folder: Path, count: int) -> tuple[Path, Path]:
     return model, table
 
 
-def _calibrate_pplcnet(folder: Path, count: int) -> tuple[Path, Path, dict]:
-    """(model, table, input shapes): PP-LCNet (fetched) and a KL table from `count` of its real pictures."""
+def _calibrate_real(folder: Path, count: int, name: str) -> tuple[Path, Path, dict]:
+    """(model, table, input shapes): real model `name` (fetched) and a KL table from `count` of its pictures."""
     import numpy as np
 
     from npuc.models.fetch import REAL_MODELS, fetch_model
@@ -82,7 +95,6 @@ def _calibrate_pplcnet(folder: Path, count: int) -> tuple[Path, Path, dict]:
     from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
     from npuc.passes.calibration.calitable import write_table
 
-    name = "pplcnet_orientation"
     model, shapes = fetch_model(name), REAL_MODELS[name].input_shapes
     paths = []
     for i, feed in enumerate(model_inputs(name, count)):
@@ -245,14 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         resnet = _calibrate_resnet(Path(tmp), args.samples)
         print(f"resnet18_224 calibrated (KL) on {args.samples} photos in {time.perf_counter() - start:.1f} s")
-        start = time.perf_counter()
-        pplcnet = _calibrate_pplcnet(Path(tmp), args.samples)
-        print(f"pplcnet calibrated (KL) on {args.samples} pictures in {time.perf_counter() - start:.1f} s")
-        models = {
-            "smallcnn": (GOLDEN / "smallcnn.onnx", GOLDEN / "smallcnn_cali_table.txt"),
-            "resnet18_224": resnet,
-            "pplcnet": pplcnet,
-        }
+        models = {"smallcnn": (GOLDEN / "smallcnn.onnx", GOLDEN / "smallcnn_cali_table.txt"), "resnet18_224": resnet}
+        for name, real in REAL.items():
+            start = time.perf_counter()
+            models[name] = _calibrate_real(Path(tmp), args.samples, real)
+            print(f"{name} calibrated (KL) on {args.samples} pictures in {time.perf_counter() - start:.1f} s")
         results = {
             (name, chip): _child(*paths[:2], chip, *paths[2:]) for name, paths in models.items() for chip in chips
         }

@@ -82,6 +82,54 @@ def test_nothing_fits_leaves_plain_ops(tmp_path: Path) -> None:
     assert units == graph.ops
 
 
+def test_a_cost_cuts_a_group_where_its_pieces_cost_less(tmp_path: Path) -> None:
+    """With a price per unit the greedy group is cut where two pieces cost less than the whole, each piece
+    again; every piece stays closed (a residual block's ops are never cut apart from their add) and a priced
+    piece is evaluated once."""
+
+    def chain(b: NetBuilder) -> str:
+        x = b.conv("input", 4, 4)
+        for _ in range(3):
+            x = b.conv(b.op("Relu", x), 4, 4)
+        return x
+
+    graph = _graph(tmp_path, chain)
+    recomputed = lambda unit: sum(t.rows[op.outputs[0]][1] - t.rows[op.outputs[0]][0]  # noqa: E731
+                                  for t in unit.tiles(graph) for op in unit.ops)  # fmt: skip
+    rows = lambda unit: graph.shape(unit.outputs[0])[2]  # noqa: E731
+    priced: list[tuple[str, ...]] = []
+
+    def cost(unit) -> float:  # noqa: ANN001 - an op or a group
+        priced.append(tuple(op.name for op in getattr(unit, "ops", [unit])))
+        # rows computed (halos included), plus 20 per tensor a unit moves through DDR (its output)
+        return (recomputed(unit) if isinstance(unit, LayerGroup) else rows(unit)) + 20
+
+    (whole,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 2, set())
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 2, set(), cost=cost)
+    assert len(priced) == len(set(priced)) > 1  # every piece priced once
+    assert len(units) > 1 and [op for u in units for op in getattr(u, "ops", [u])] == whole.ops
+    assert sum(map(cost, units)) < cost(whole)
+    # a cost that never pays for a cut keeps the greedy group
+    assert form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 2, set(), cost=lambda u: 1.0) == [
+        whole
+    ]
+
+    def block(b: NetBuilder) -> str:
+        x = b.op("Relu", b.conv("input", 4, 4))
+        return b.op("Add", x, b.conv(b.op("Relu", b.conv(x, 4, 4)), 4, 4))
+
+    graph = _graph(tmp_path, block)
+    # smaller groups are cheaper, a plain op costs 3: the cheapest pieces would be [conv, conv] + [conv, add] (8),
+    # but the first pair hides x, which the add reads: not a piece. So [conv], then [conv, conv, add] cut again.
+    squares = lambda unit: len(unit.ops) ** 2 if isinstance(unit, LayerGroup) else 3  # noqa: E731
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 16, set(), cost=squares)
+    assert units[:2] == graph.ops[:2] and isinstance(units[2], LayerGroup)
+    assert [op.kind for op in units[2].ops] == ["conv2d", "eltwise"] and units[2].inputs == [
+        graph.ops[1].outputs[0],
+        graph.ops[0].outputs[0],
+    ]
+
+
 def test_batch_steps_group_items_and_cover_the_batch(tmp_path: Path) -> None:
     graph = _graph(tmp_path, lambda b: b.conv(b.op("Relu", b.conv("input", 4, 8)), 8, 8), shape=(3, 4, 16, 12))
     (group,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 8, set())

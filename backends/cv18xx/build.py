@@ -7,8 +7,10 @@ model converts its input on the TPU. Unlike tpu-mlir, the CPU routines' tensors 
 liveness plan instead of taking private memory of their own.
 
 Options read from `request.options`: quant_input, quant_output, float_layers (list), allow_partial_table
-(a calibration table missing many of the model's tensors is used anyway), layer_group (bool,
-default on: runs of conv/pool/eltwise/activation ops stay in local memory, kernels/group*.py), sync
+(a calibration table missing many of the model's tensors is used anyway), layer_group (runs of
+conv/pool/eltwise/activation ops stay in local memory, kernels/group*.py: "cycles", the default, or true, cuts
+a group where its recomputed halo rows cost more than the DDR traffic it saves; "longest" keeps each group as
+long as it fits, the least traffic; false: none), sync
 ("parallel", the default: descriptors wait only for true dependencies, or "serial": cvikernel's fully ordered
 scheme; sync.py), compress_weights (bool, default on: filters stored VLC-compressed where that is smaller,
 weights.py).
@@ -321,9 +323,10 @@ def _compile(request: BuildRequest) -> tuple[bytes, dict[str, Any], list[str]]:
     stream = lambda: CmdStream(chip, sync=opts.get("sync", "parallel"))  # noqa: E731
     compress = bool_option(opts, "compress_weights", True)
     cg = Codegen(chip, qgraph, MemoryPlan(), fmt, stream(), compress_weights=compress)
+    grouping = layer_group_mode(opts)
     segments = [
-        layer_groups(cg, seg, pinned | set(tpu_outputs) | _read_outside(qgraph, seg))
-        if opts.get("layer_group", True)
+        layer_groups(cg, seg, pinned | set(tpu_outputs) | _read_outside(qgraph, seg), cut=grouping == "cycles")
+        if grouping
         else seg
         for seg in _segments([op for op in tpu_ops], islands)
     ]
@@ -487,6 +490,20 @@ def _assemble(
     )
     blobs = {"weight": cg.weights.section(), **{f"subfunc_{k}": st.to_bytes() for k, st in enumerate(streams)}}
     return CviModel(chip, body, blobs)
+
+
+LAYER_GROUP_MODES = ("cycles", "longest")
+
+
+def layer_group_mode(opts: dict[str, Any]) -> str | None:
+    """`layer_group`: "cycles" (also true, the default), "longest", or None for false."""
+    value = opts.get("layer_group", True)
+    if isinstance(value, str) and value.lower() in LAYER_GROUP_MODES:
+        return value.lower()
+    try:
+        return "cycles" if bool_option(opts, "layer_group", True) else None
+    except UserError:
+        raise UserError(f"option layer_group={value!r}: give {', '.join(LAYER_GROUP_MODES)}, true or false") from None
 
 
 def build(request: BuildRequest) -> BuildResult:

@@ -5,8 +5,12 @@ produced in tiles of rows, one batch item at a time; walking the group backwards
 every tensor of the group must hold for it, halos included (a 3x3 conv reads one row more on each side).
 Rows an earlier tile also needed are computed again: the price of never spilling to DDR.
 
-This module is target-neutral: the geometry (which input rows an op reads) and the greedy formation. A
-target says which ops may join (`can_join`) and how many output rows per tile fit its local memory
+Recomputed rows are not free: a deep group of 3x3 convs tiled into a few rows redoes much of its work. A target
+that can price a unit (`cost`: a group at its tile height, or a plain op) has each greedy group cut where the
+pieces cost less than the whole (`_cheapest_pieces`).
+
+This module is target-neutral: the geometry (which input rows an op reads), the greedy formation and the cuts.
+A target says which ops may join (`can_join`) and how many output rows per tile fit its local memory
 (`rows_that_fit`, 0 when none do). A target whose op records are not IR ops passes its own `window`
 (op -> RowWindow) and a graph view with `shape(name)` and `tensors[name].is_const`.
 """
@@ -58,6 +62,7 @@ def row_window(graph: Graph, op: Op) -> RowWindow:
 
 
 WindowOf = Callable[[Graph, Op], RowWindow]
+UnitCost = Callable[["Op | LayerGroup"], float]
 
 
 @dataclass(frozen=True)
@@ -164,8 +169,10 @@ def form_groups(
     rows_that_fit: Callable[[LayerGroup], int],
     pinned: set[str],
     window: WindowOf = row_window,
+    cost: UnitCost | None = None,
 ) -> list[Op | LayerGroup]:
-    """The schedule with runs of joinable ops replaced by layer groups (greedy: each group as long as it fits).
+    """The schedule with runs of joinable ops replaced by layer groups (greedy: each group as long as it fits;
+    with `cost`, then cut where its pieces cost less).
 
     `pinned`: tensors that must reach gmem (model outputs, CPU routine operands). A run of one op stays a
     plain op: its kernel tiles it on its own. `window`: op -> RowWindow for op records that are not IR ops.
@@ -174,25 +181,63 @@ def form_groups(
     for i, op in enumerate(ops):
         for name in op.inputs:
             readers.setdefault(name, set()).add(i)
+
+    def fitted(run: list[Op]) -> LayerGroup | None:
+        group = make_group(graph, run, window)
+        group.rows = rows_that_fit(group)
+        return group if group.rows else None
+
+    def piece(start: int, stop: int) -> Op | LayerGroup | None:
+        """ops[start:stop] as one unit: a plain op, or a closed group that fits (None: neither)."""
+        run = ops[start:stop]
+        if len(run) == 1:
+            return run[0]
+        return fitted(run) if _closed(run, readers, start, pinned) else None
+
     units: list[Op | LayerGroup] = []
     i = 0
     while i < len(ops):
         best: LayerGroup | None = None
         j = i
         while j < len(ops) and j - i < MAX_GROUP_OPS and can_join(ops[j]) and len(ops[j].outputs) == 1:
-            run = ops[i : j + 1]
             j += 1
-            if len(run) < 2 or not _closed(run, readers, i, pinned):
+            if j - i < 2 or not _closed(ops[i:j], readers, i, pinned):
                 continue
-            group = make_group(graph, run, window)
-            group.rows = rows_that_fit(group)
-            if group.rows == 0:
+            group = fitted(ops[i:j])
+            if group is None:
                 break  # a longer run only needs more local memory
             best = group
         if best is None:
             units.append(ops[i])
             i += 1
         else:
-            units.append(best)
+            units += [best] if cost is None else _cheapest_pieces(best, i, i + len(best.ops), piece, cost)
             i += len(best.ops)
     return units
+
+
+def _cheapest_pieces(
+    whole: Op | LayerGroup, start: int, stop: int, piece: Callable[[int, int], Op | LayerGroup | None],
+    cost: UnitCost,
+) -> list[Op | LayerGroup]:  # fmt: skip
+    """ops[start:stop] (`whole`) kept whole, or cut once where the two pieces cost least if that is less than
+    the whole, each piece then cut the same way. A piece is a plain op or a closed group that fits; every
+    piece is priced once."""
+    memo: dict[tuple[int, int], tuple[Op | LayerGroup | None, float]] = {(start, stop): (whole, cost(whole))}
+
+    def priced(a: int, b: int) -> tuple[Op | LayerGroup | None, float]:
+        if (a, b) not in memo:
+            unit = piece(a, b)
+            memo[a, b] = (unit, cost(unit) if unit is not None else float("inf"))
+        return memo[a, b]
+
+    def cut(a: int, b: int) -> list[Op | LayerGroup]:
+        unit, best = priced(a, b)
+        at = None
+        for k in range(a + 1, b):
+            total = priced(a, k)[1] + priced(k, b)[1]
+            if total < best:
+                best, at = total, k
+        return [unit] if at is None else cut(a, at) + cut(at, b)
+
+    return cut(start, stop)
