@@ -396,8 +396,10 @@ CROSS_METHODS = tuple(m for m in METHODS if ("reconstruction" in m or "channel g
 
 
 def cross_photo(model: Path, pics, folder: Path, labels: Sequence[str] = CROSS_METHODS) -> list[Accuracy]:  # noqa: ANN001
-    """KL and the refinements calibrated on the mirrored pictures of every other photo and evaluated on the
-    remaining photos' pictures (both halves, pooled): how far each generalises to photos it never saw."""
+    """KL, the refinements and `npuc calibrate`'s defaults calibrated on the mirrored pictures of every other
+    photo and evaluated on the remaining photos' pictures (both halves, pooled): how far each generalises to
+    photos it never saw. Measured (19 photos, 40 and 36 calibration pictures): defaults mean / worst cosine
+    0.9931 / 0.969 and 0.9804 / 0.895 on the two halves (KL 0.9622 / 0.772 and 0.9016 / 0.439), top-1 1.0."""
     names = list(dict.fromkeys(n for n, _, _ in pics))
     halves = [[p for p in pics if names.index(p[0]) % 2 == k] for k in (0, 1)]
     refs, outs = [], {}
@@ -407,6 +409,8 @@ def cross_photo(model: Path, pics, folder: Path, labels: Sequence[str] = CROSS_M
         table = npuc_table(model, calib, folder / f"cross{k}")
         graph, thresholds = float_ir(model, table)
         refs.append(fp32_outputs(model, feeds))
+        default, layers, refinement = default_table(model, calib, folder / f"cross_default{k}")
+        outs.setdefault("defaults", []).append(npuc_int8_outputs(model, default, feeds, layers, refinement))
         outs.setdefault("kl", []).append(graph_int8_outputs(graph, thresholds, feeds))
         for label in labels:
             g, th = apply_method(label, graph, thresholds, calib, {})
