@@ -25,7 +25,9 @@ resnet18_224 is calibrated in-process (npuc's KL calibration) on a few scikit-im
 Measured (`--chips cv183x`, quiet machine), cycles npuc / tpu-mlir: smallcnn 28,834 / 30,194, resnet18_224
 3,782,414 / 3.92 M, pplcnet 422,638 / 434,211, onet 50,878 / 52,420; overlap 14.8% / 12.0%, 14.8% / 17.5%,
 13.3% / 10.0%; DDR bytes 13,995,760 / 12,800,000, 2,580,760 / 2,967,656, 419,280 / 389,056. Before layer groups
-were cut by cost and O-Net's fully-connected layer used every lane: 4,140,718, 483,916 and 73,138 cycles.
+were cut by cost and O-Net's fully-connected layer used every lane: 4,140,718, 483,916 and 73,138 cycles. With
+fully-connected weights VLC-compressed per column tile (as tpu-mlir stores O-Net's): onet 44,887 cycles and
+323,360 DDR bytes (tpu-mlir's file: 199,520 compressed bytes for the same 1152x256 weights).
 The cuts trade gmem for cycles where tiles are short: resnet18_224 on cv181x (8 lanes) runs in 14.60 M cycles
 against 16.59 M with the longest groups, but three 64x56x56 tensors are alive at once, shared gmem 602,112 B
 against 401,408 B, so its "gmem no larger" line (against tpu-mlir's cv183x figure) misses; `--option

@@ -1,12 +1,15 @@
-"""npuc's cv183x int8 builds against tpu-mlir's on the nominal cost model (backends/cv18xx/timing.py, issue 23).
+"""npuc's cv183x int8 builds against tpu-mlir's on the nominal cost model (backends/cv18xx/timing.py, issue 23)
+and in DDR bytes moved (backends/cv18xx/traffic.py).
 
 PP-LCNet and MTCNN O-Net are compared with tpu-mlir 1.30.2's own files (../shared/golden/cv18xx), the
 resnet18-shaped model with the figure measured from tpu-mlir's file in issue 23 (3.92 M cycles). The builds
 differ from tpu-mlir's where it counts: layer groups cut where recomputed halo rows cost more than the traffic
-they save (passes/lowering/layer_group.py, kernels/group_plan.unit_cycles) and a fully-connected layer spread
-over every lane (kernels/matmul.column_tile). Measured: PP-LCNet 422,638 cycles against 434,211 (483,916 with
-the longest groups), O-Net 50,878 against 52,420 (73,138 with 16 one-lane products), resnet18 3,782,414 against
-3.92 M (4,140,718 with the longest groups, 4,036,258 with none). That these builds run bit for bit on the vendor
+they save (passes/lowering/layer_group.py, kernels/group_plan.unit_cycles), a fully-connected layer spread
+over every lane (kernels/matmul.column_tile) and its weights VLC-compressed per column tile as tpu-mlir stores
+them. Measured: PP-LCNet 422,595 cycles against 434,211 (483,873 with the longest groups), 2,580,072 DDR bytes
+against 2,967,656; O-Net 44,887 against 52,420 (73,138 with 16 one-lane products, 50,878 with raw FC weights),
+323,360 DDR bytes against 389,056; resnet18 3,779,855 against 3.92 M (4,138,159 with the longest groups,
+4,033,699 with none). That these builds run bit for bit on the vendor
 simulator is checked by tests/vendor (the default builds of PP-LCNet, O-Net and the generated models).
 """
 
@@ -19,8 +22,9 @@ import pytest
 from golden import GOLDEN_ROOT
 
 import npuc
-from npuc.backends.cv18xx.container import read_cvimodel
+from npuc.backends.cv18xx.container import CviModel, read_cvimodel
 from npuc.backends.cv18xx.timing import schedule_model
+from npuc.backends.cv18xx.traffic import tdma_traffic
 from npuc.models.fetch import REAL_MODELS
 from npuc.models.images import model_inputs
 
@@ -31,8 +35,8 @@ TPU_MLIR_FILES = {
 RESNET18_TPU_MLIR_CYCLES = 3_920_000  # issue 23: tpu-mlir 1.30.2's resnet18_224 cvimodel under the same model
 
 
-def _build(model: Path, feeds: list[dict], folder: Path, shapes: dict | None = None, **options: object) -> int:
-    """Scheduled cycles of the cv183x int8 build of `model` calibrated (KL) on `feeds` (the first call)."""
+def _build(model: Path, feeds: list[dict], folder: Path, shapes: dict | None = None, **options: object) -> CviModel:
+    """The cv183x int8 build of `model` calibrated (KL) on `feeds` (the first call)."""
     data = folder / "data"
     if not data.exists():
         data.mkdir()
@@ -41,17 +45,24 @@ def _build(model: Path, feeds: list[dict], folder: Path, shapes: dict | None = N
         npuc.calibrate(model, [data], folder / "t.txt", method="kl", input_shapes=shapes)
     out = folder / f"m{len(options)}.cvimodel"
     npuc.build(model, "cv18xx", out, chip="cv183x", calib=folder / "t.txt", input_shapes=shapes, options=options)
-    return schedule_model(read_cvimodel(out.read_bytes())).scheduled
+    return read_cvimodel(out.read_bytes())
+
+
+def _cycles(model: CviModel) -> int:
+    return schedule_model(model).scheduled
 
 
 @pytest.mark.parametrize("name", sorted(TPU_MLIR_FILES))
-def test_fewer_cycles_than_tpu_mlirs_own_file(name: str, real_model, tmp_path: Path) -> None:  # noqa: ANN001
+def test_fewer_cycles_and_ddr_bytes_than_tpu_mlirs_own_file(name: str, real_model, tmp_path: Path) -> None:  # noqa: ANN001
     shapes = {k: list(v) for k, v in REAL_MODELS[name].input_shapes.items()}
     ours = _build(real_model(name), model_inputs(name, 4), tmp_path, shapes)
-    theirs = schedule_model(read_cvimodel((GOLDEN_ROOT / "cv18xx" / TPU_MLIR_FILES[name]).read_bytes())).scheduled
-    longest = _build(real_model(name), [], tmp_path, shapes, layer_group="longest")
-    print(f"{name}: npuc {ours:,} cycles (longest groups {longest:,}), tpu-mlir {theirs:,}")
-    assert ours <= theirs and ours <= longest
+    theirs = read_cvimodel((GOLDEN_ROOT / "cv18xx" / TPU_MLIR_FILES[name]).read_bytes())
+    longest = _cycles(_build(real_model(name), [], tmp_path, shapes, layer_group="longest"))
+    (cycles, ddr), (their_cycles, their_ddr) = ((_cycles(m), tdma_traffic(m)["total"]) for m in (ours, theirs))
+    print(f"{name}: npuc {cycles:,} cycles (longest groups {longest:,}), {ddr:,} B; tpu-mlir {their_cycles:,}, "
+          f"{their_ddr:,} B")  # fmt: skip
+    assert cycles <= their_cycles and cycles <= longest
+    assert ddr <= their_ddr
 
 
 def test_resnet18_cycles_below_tpu_mlirs_and_both_plain_choices(tmp_path: Path) -> None:
@@ -59,9 +70,10 @@ def test_resnet18_cycles_below_tpu_mlirs_and_both_plain_choices(tmp_path: Path) 
 
     model = make_all(tmp_path, ["resnet18_224"])["resnet18_224"]
     rng = np.random.default_rng(0)
-    ours = _build(model, [{"input": rng.standard_normal((1, 3, 224, 224), np.float32)} for _ in range(4)], tmp_path)
-    longest = _build(model, [], tmp_path, layer_group="longest")
-    ungrouped = _build(model, [], tmp_path, layer_group=False)
+    feeds = [{"input": rng.standard_normal((1, 3, 224, 224), np.float32)} for _ in range(4)]
+    ours = _cycles(_build(model, feeds, tmp_path))
+    longest = _cycles(_build(model, [], tmp_path, layer_group="longest"))
+    ungrouped = _cycles(_build(model, [], tmp_path, layer_group=False))
     print(f"resnet18_224: npuc {ours:,} cycles, longest groups {longest:,}, none {ungrouped:,}")
     assert ours < min(longest, ungrouped, RESNET18_TPU_MLIR_CYCLES)
 

@@ -12,7 +12,7 @@ conv/pool/eltwise/activation ops stay in local memory, kernels/group*.py: "cycle
 a group where its recomputed halo rows cost more than the DDR traffic it saves; "longest" keeps each group as
 long as it fits, the least traffic; false: none), sync
 ("parallel", the default: descriptors wait only for true dependencies, or "serial": cvikernel's fully ordered
-scheme; sync.py), compress_weights (bool, default on: filters stored VLC-compressed where that is smaller,
+scheme; sync.py), compress_weights (bool, default on: conv filters and FC weights VLC-compressed where that is smaller,
 weights.py).
 """
 

@@ -78,7 +78,8 @@ def store(stream: CmdStream, src: LTensor, dst: GTensor) -> None:
 
 
 def load_matrix(stream: CmdStream, src: GTensor, rows: int, cols: int, row_pitch: int, dst: LTensor) -> None:
-    """A rows x cols global matrix (row pitch in bytes) into the local matrix layout (rows, c, 1, w)."""
+    """A rows x cols global matrix (row pitch in bytes) into the local matrix layout (rows, c, 1, w). A
+    compressed source is one VLC buffer of exactly those rows x cols values, decoded on the way."""
     e = dst.esz
     g = GTensor(src.region, src.offset, (rows, 1, 1, cols), src.fmt, (row_pitch, row_pitch, cols * e, e))
     fields = {
@@ -90,6 +91,8 @@ def load_matrix(stream: CmdStream, src: GTensor, rows: int, cols: int, row_pitch
         **_formats(src.fmt, dst.fmt),
     }
     fields.update({"src_n_stride": 1, "src_c_stride_low": row_pitch, "src_c_stride_high": 0, "src_h_stride": 1})
+    if src.compressed:
+        fields.update(compress_en=1, cmprs_fmt=int(src.fmt == "i8"))
     stream.tdma(fields)
 
 

@@ -1,8 +1,9 @@
 """The WEIGHT section: constant tensors packed in the layouts the TIU reads, deduplicated and 16-byte aligned.
 
-Filters may be stored VLC-compressed (compression.py), one buffer per slice a kernel loads: the TDMA decodes
-them on the way into local memory, so the file and the DDR traffic shrink by what the coding saves. A slice
-is compressed only where its buffer is smaller than its raw bytes.
+Conv filters and fully-connected weights may be stored VLC-compressed (compression.py), one buffer per slice
+a kernel loads (a filter slice, a weight column tile): the TDMA decodes them on the way into local memory, so
+the file and the DDR traffic shrink by what the coding saves. A slice is compressed only where its buffer is
+smaller than its raw bytes.
 
 Layouts (specs/cv18xx.md §3.4, §4): conv filters (oc, ic, kh, kw) -> (1, oc, kh*kw, ic); int8 per-channel
 records of 9 bytes (int32 bias, uint32 multiplier, uint8 shift; 5 without a bias); bf16 conv bias as an fp32

@@ -184,7 +184,9 @@ def fully_connected(cg: Codegen, op: Op) -> None:
     kp = -(-k // layout.group) * layout.group
     if kp > k:
         w = np.concatenate([w, np.zeros((kp - k, cols), w.dtype)])
-    weight = cg.weights.add(f"{op.name}_filter", bf16_bits(w) if bf16 else np.asarray(w, np.int8), fmt)
+    stored = bf16_bits(w) if bf16 else np.asarray(w, np.int8)
+    # compressed: one VLC buffer per column tile (raw where that is smaller), as tpu-mlir stores its FC weights
+    weight = None if cg.compress_weights else cg.weights.add(f"{op.name}_filter", stored, fmt)
     planes = 2 if bf16 else 4
     gbias = None
     if bias is not None:
@@ -206,8 +208,13 @@ def fully_connected(cg: Codegen, op: Op) -> None:
         top = 0
         right, right_moved = layout.tensors(top, kp, nc)
         top += layout.lane_bytes(kp, nc)
-        dma.load_matrix(s, GTensor(weight.region, weight.offset + c0 * e, (1,) * 4, fmt), kp, nc, cols * e,
-                        right_moved)  # fmt: skip
+        if weight is None:
+            part = np.ascontiguousarray(stored[:, c0:c1]).reshape(1, 1, kp, nc)
+            dma.load_matrix(s, cg.weights.add_compressed(f"{op.name}_filter@{c0}", part, fmt), kp, nc, nc * e,
+                            right_moved)  # fmt: skip
+        else:
+            dma.load_matrix(s, GTensor(weight.region, weight.offset + c0 * e, (1,) * 4, fmt), kp, nc, cols * e,
+                            right_moved)  # fmt: skip
         lbias = None
         if gbias is not None:
             lbias, bias_moved = layout.tensors(top, planes, nc)
