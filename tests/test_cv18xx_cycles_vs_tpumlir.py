@@ -4,7 +4,7 @@ and in DDR bytes moved (backends/cv18xx/traffic.py).
 PP-LCNet and MTCNN O-Net are compared with tpu-mlir 1.30.2's own files (../shared/golden/cv18xx), the
 resnet18-shaped model with the figure measured from tpu-mlir's file in issue 23 (3.92 M cycles). The builds
 differ from tpu-mlir's where it counts: layer groups cut where recomputed halo rows cost more than the traffic
-they save (passes/lowering/layer_group.py, kernels/group_plan.unit_cycles), a fully-connected layer spread
+they save (passes/lowering/layer_group.py, kernels/group_cost.unit_cycles), a fully-connected layer spread
 over every lane (kernels/matmul.column_tile) and its weights VLC-compressed per column tile as tpu-mlir stores
 them. Measured: PP-LCNet 422,595 cycles against 434,211 (483,873 with the longest groups), 2,580,072 DDR bytes
 against 2,967,656; O-Net 44,887 against 52,420 (73,138 with 16 one-lane products, 50,878 with raw FC weights),

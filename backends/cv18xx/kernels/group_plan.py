@@ -12,27 +12,22 @@ and how many output rows per tile fit (`rows_that_fit`); it gives each tile's ro
   readers' rows, so an op that derives strides from the shape (conv, pool, lookup) must read all of it;
 - scratch: the temporaries an op asks for (the int16 high plane of an int8 add), freed right after it.
 
-`unit_cycles` prices a group or a plain op in backends/cv18xx/timing.py's units, so the formation cuts a group
-whose recomputed halo rows cost more TIU time than the DDR traffic it saves (resnet18_224: grouping every run
-it could gave 3.95 M TIU cycles against 3.55 M ungrouped, 4.14 M scheduled against 4.04 M).
+The formation cuts a group whose recomputed halo rows cost more than the DDR traffic it saves, priced by
+group_cost.unit_cycles.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from npuc.backends.cv18xx.codegen import Codegen
+from npuc.backends.cv18xx.kernels.group_cost import unit_cycles
 from npuc.backends.cv18xx.kernels.group_ops import LOCAL_FMT, LOCAL_KERNELS, can_join, needs_exact_rows
 from npuc.backends.cv18xx.kernels.tiling import largest_fit
 from npuc.backends.cv18xx.lmem import local_bytes
-from npuc.backends.cv18xx.timing import TDMA_BYTES_PER_CYCLE, TDMA_SETUP_CYCLES, TIU_SETUP_CYCLES
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.ir import Op
 from npuc.passes.lowering.layer_group import LayerGroup, Rows, Tile, form_groups
-
-ELEMENT_BYTES = {"int8": 1, "uint8": 1, "bf16": 2, "float32": 4}
 
 
 @dataclass
@@ -214,48 +209,6 @@ def best_plan(cg: Codegen, group: LayerGroup) -> Plan | None:
 def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
     height = cg.graph.shape(group.output)[2]
     return largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None)
-
-
-def _macs_per_output(cg: Codegen, op: Op) -> int:
-    """Multiply-accumulates behind one output element (a conv's ic/group * kh * kw, a pool's window)."""
-    if op.kind == "conv2d":
-        return int(np.prod(cg.graph.shape(op.inputs[1])[1:]))
-    if op.kind == "pool2d":
-        return int(np.prod(op.attrs.kernel))
-    return 1
-
-
-def unit_cycles(cg: Codegen, unit: Op | LayerGroup) -> float:
-    """Nominal cycles of a layer group at its tile height, or of a plain op, before any code exists: every op's
-    TIU work on the rows it computes (a group's recomputed halo rows included) plus the TDMA time of what the
-    unit moves (its inputs as each tile reads them, its output, its constants once)."""
-    graph, chip = cg.graph, cg.chip
-    if isinstance(unit, LayerGroup):
-        tiles = [(t.count, t.rows) for t in unit.tiles(graph)]
-        ops, inputs, output = unit.ops, unit.inputs, unit.output
-    else:
-        ops, output = [unit], unit.outputs[0]
-        inputs = [n for n in unit.inputs if n and not graph.tensors[n].is_const]
-        tiles = [(graph.shape(output)[0], {n: (0, graph.shape(n)[2]) for n in [*inputs, output]})]
-
-    def elements(name: str, count: int, rows: Rows) -> int:
-        _, c, _, w = graph.shape(name)
-        return count * c * (rows[1] - rows[0]) * w
-
-    tiu = 0
-    for op in ops:
-        out = op.outputs[0]
-        per_cycle = chip.eu_bytes // ELEMENT_BYTES[cg.fmt[out]]
-        channels = graph.shape(out)[1]
-        steps = -(-channels // chip.lanes) / channels  # lane steps per channel: a partial step costs a whole one
-        macs = _macs_per_output(cg, op)
-        tiu += sum(TIU_SETUP_CYCLES + elements(out, n, rows[out]) * steps * macs / per_cycle for n, rows in tiles)
-    moved = sum(elements(name, n, rows[name]) * ELEMENT_BYTES[cg.fmt[name]] for n, rows in tiles
-                for name in [*inputs, output])  # fmt: skip
-    consts = [graph.tensors[n] for op in ops for n in op.inputs if n and graph.tensors[n].is_const]
-    moved += sum(t.data.nbytes for t in consts)
-    transfers = len(tiles) * (len(inputs) + 1) + len(consts)
-    return tiu + transfers * TDMA_SETUP_CYCLES + moved / TDMA_BYTES_PER_CYCLE
 
 
 def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str], cut: bool = True) -> list[Op | LayerGroup]:
