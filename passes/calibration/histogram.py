@@ -29,6 +29,7 @@ stats_file.py.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -425,12 +426,12 @@ def histogram_abs(x: np.ndarray, absmax: float, bins: int, name: str = "tensor")
 
 def grid_size(bins: int) -> int:
     """Grid bins for a `bins`-bin histogram: a power of two of at least GRID_PER_BIN per final bin."""
-    return 1 << int(np.ceil(np.log2(bins * GRID_PER_BIN)))
+    return 1 << (bins * GRID_PER_BIN - 1).bit_length()
 
 
 def grid_exponent(top: float) -> int:
     """e of the grid over [0, 2^e) for values up to `top` > 0: the first power of two above it."""
-    return int(np.frexp(np.float64(top))[1])
+    return math.frexp(top)[1]
 
 
 def _grid_counts(a: np.ndarray, exponent: int, size: int) -> tuple[np.ndarray, int]:
@@ -442,7 +443,7 @@ def _grid_counts(a: np.ndarray, exponent: int, size: int) -> tuple[np.ndarray, i
     indices (a float32 product cast in the same ufunc call), then bincount."""
     scaled = np.abs(a)
     zeros = int(a.size - np.count_nonzero(scaled.view(np.uint32)))
-    shift = int(np.log2(size)) - exponent
+    shift = size.bit_length() - 1 - exponent
     if shift > 127:  # beyond one float32 power of two (np.ldexp is 20x slower than a multiply)
         np.multiply(scaled, np.float32(2.0**127), out=scaled)
         shift -= 127
