@@ -32,6 +32,10 @@ The cuts trade gmem for cycles where tiles are short: resnet18_224 on cv181x (8 
 against 16.59 M with the longest groups, but three 64x56x56 tensors are alive at once, shared gmem 602,112 B
 against 401,408 B, so its "gmem no larger" line (against tpu-mlir's cv183x figure) misses; `--option
 layer_group=longest` gives the smaller footprint back.
+Since a one-tile group may stream its convs' filters (kernels/group_stream.py) and a conv reads the leading rows
+of a slot, resnet18_224's stages 2-4 (28x28 to 7x7, 3x3 filters up to 4.6 KB a lane per 32 channels) are one
+group: cv183x 3,661,090 cycles (was 3,779,855), 12,335,744 DDR bytes against tpu-mlir's 12.8 M (was 13,954,816),
+overlap 15.6%; cv181x 14,563,723 cycles, 15,808,096 bytes; PP-LCNet and O-Net byte-identical.
 """
 
 from __future__ import annotations

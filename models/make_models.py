@@ -68,6 +68,13 @@ def resnet_stem_tall(b: NetBuilder) -> onnx.ModelProto:
     return _single(b, _basic_block(b, x, 16, 32, 2), (1, 3, 192, 160))
 
 
+def resnet_deep_stage(b: NetBuilder) -> onnx.ModelProto:
+    """ResNet18's third stage on a 28x28 map: 256-channel 3x3 filters (more than a cv183x lane holds) and a
+    stride-2 block whose 3x3 and 1x1 convs read the same input: one layer group, filters streamed."""
+    x = _basic_block(b, "input", 128, 256, 2)
+    return _single(b, _basic_block(b, x, 256, 256, 1), (1, 128, 28, 28))
+
+
 # -- convolutions --------------------------------------------------------------------------------------
 
 
@@ -243,6 +250,7 @@ MODELS: dict[str, Builder] = {
     "tinycnn": tinycnn,
     "resnet18_224": resnet18_224,
     "resnet_stem_tall": resnet_stem_tall,
+    "resnet_deep_stage": resnet_deep_stage,
     "conv_basic": _conv_then(cin=8, cout=16),
     "conv_stride2": _conv_then(cin=8, cout=16, stride=2),
     "conv_depthwise": _conv_then(cin=8, cout=8, group=8),

@@ -287,6 +287,7 @@ GENERATED_OUTPUT_SHAPES = {
     "tinycnn": (1, 10),
     "resnet18_224": (1, 1000),
     "resnet_stem_tall": (1, 32, 24, 20),
+    "resnet_deep_stage": (1, 256, 14, 14),
     "conv_basic": (1, 16, 16, 16),
     "conv_stride2": (1, 16, 8, 8),
     "conv_depthwise": (1, 8, 16, 16),

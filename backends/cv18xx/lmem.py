@@ -67,6 +67,14 @@ class LTensor:
         return ESIZE[self.fmt]
 
 
+def channel_view(chip: ChipSpec, t: LTensor, c0: int, c1: int) -> LTensor:
+    """Channels [c0, c1) of local tensor `t`, c0 a whole number of lanes in: they start in lane 0,
+    c0 / lanes channel strides up every lane, with `t`'s strides."""
+    if c0 % chip.lanes:
+        raise ValueError(f"a channel view starts at a lane boundary, not at channel {c0}")
+    return LTensor(t.addr + (c0 // chip.lanes) * t.strides[1], (t.shape[0], c1 - c0, *t.shape[2:]), t.fmt, t.strides)
+
+
 def local_strides(
     chip: ChipSpec, shape: tuple[int, int, int, int], fmt: str, eu_align: bool = True
 ) -> tuple[int, int, int, int]:

@@ -11,7 +11,7 @@ import pytest
 from npuc.backends.cv18xx.build import compile_cvimodel
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim import run_cvimodel
-from npuc.backends.cv18xx.traffic import tdma_traffic
+from npuc.backends.cv18xx.traffic import lower_bound, tdma_traffic
 from npuc.compiler.targets import BuildRequest
 
 from .cv18xx_build_util import float_graph, generated_model, quantized_reference, random_feeds
@@ -28,9 +28,10 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict, di
     return model, table, feeds, quantized_reference(model, table, feeds)
 
 
-def _build(model: Path, table: Path, chip: str, out: Path, layer_group: bool) -> tuple[Path, dict]:
-    request = BuildRequest(float_graph(model), model, out, chip=chip, quant="int8", calib_table=table,
-                           options={"quant_output": True, "layer_group": layer_group})  # fmt: skip
+def _build(model: Path, table: Path, chip: str, out: Path, layer_group: bool, quant: str = "int8"
+           ) -> tuple[Path, dict]:  # fmt: skip
+    request = BuildRequest(float_graph(model), model, out, chip=chip, quant=quant, calib_table=table,
+                           options={"quant_output": quant == "int8", "layer_group": layer_group})  # fmt: skip
     data, summary = compile_cvimodel(request)
     out.write_bytes(data)
     return out, summary
@@ -86,3 +87,32 @@ def test_prelu_joins_groups_bit_exactly(chip: str, quant: str, tmp_path: Path) -
     if quant == "int8":
         reference = quantized_reference(model, table, feeds)["output_i8"]
         assert np.array_equal(outputs[0], reference.reshape(outputs[0].shape))
+
+
+@pytest.mark.parametrize(("chip", "quant"), [("cv183x", "int8"), ("cv183x", "bf16"), ("cv181x", "int8")])
+def test_one_tile_group_streams_filters_and_moves_only_the_bound(chip: str, quant: str, tmp_path: Path) -> None:
+    """ResNet18's third stage: its 3x3 filters (18 KB a lane on cv183x) cannot all stay resident, so on cv183x the
+    whole stage is one tile whose convs stream their filters chunk by chunk, and the stride-2 block's 3x3 and 1x1
+    convs read one slot (the 1x1 one ignores the last row): the TDMA moves the lower bound, each weight, the
+    input and the output once (bf16, whose bias planes come with each chunk: plus the edge casts). cv181x
+    (8 lanes: 4x the activation bytes a lane) fits two smaller groups. All bit-exact, with the ungrouped bits."""
+    model, table = generated_model("resnet_deep_stage", tmp_path)
+    feeds = random_feeds(float_graph(model), 5)
+    grouped, g_sum = _build(model, table, chip, tmp_path / "lg.cvimodel", True, quant)
+    single, _ = _build(model, table, chip, tmp_path / "nolg.cvimodel", False, quant)
+    outputs = []
+    for path in (grouped, single):
+        ours = run_cvimodel(read_cvimodel(path), feeds)
+        vendor = run_vendor(path, feeds)
+        ((name, value),) = ours.items()
+        assert np.array_equal(value, vendor[name].reshape(value.shape))
+        outputs.append(value)
+    assert np.array_equal(outputs[0], outputs[1])
+    cvimodel = read_cvimodel(grouped)
+    moved, bound = tdma_traffic(cvimodel)["total"], lower_bound(cvimodel)["total"]
+    assert moved < tdma_traffic(read_cvimodel(single))["total"]
+    if chip == "cv183x":
+        assert (g_sum["layer_groups"], g_sum["grouped_ops"], g_sum["group_tiles"]) == (1, 7, 1)
+        assert moved == bound or quant == "bf16"  # bf16: the fp32 <-> bf16 casts at the edges are TPU ops too
+    else:
+        assert g_sum["grouped_ops"] >= 5

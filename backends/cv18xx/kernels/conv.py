@@ -13,7 +13,7 @@ import numpy as np
 from npuc.backends.cv18xx import dma, tiu
 from npuc.backends.cv18xx.codegen import Codegen, fused_relu, kernel, no_kernel, op_where, quant_of
 from npuc.backends.cv18xx.kernels.tiling import Geometry, largest_fit, pipeline, stream_rows
-from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, local_bytes
+from npuc.backends.cv18xx.lmem import GTensor, LocalAllocator, LTensor, channel_view, local_bytes
 from npuc.backends.cv18xx.timing import TDMA_BYTES_PER_CYCLE, TDMA_SETUP_CYCLES, TIU_SETUP_CYCLES
 from npuc.backends.cv18xx.weights import StagedWeight, bf16_bits, channel_records, conv_filter, fp32_planes
 from npuc.compiler.errors import UserError
@@ -222,7 +222,7 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedW
     """Load the input (and int8 per-channel records) once; per output-channel tile (a whole number of lanes)
     load its filters (and bf16 bias planes), convolve every row, store. Tiles alternate between two buffer
     sets where both fit."""
-    s, fmt, lanes = cg.stream, x.fmt, cg.chip.lanes
+    s, fmt = cg.stream, x.fmt
     relu, relu_max = fused_relu(op)
     oc = y.shape[1]
     local = cg.local(op)
@@ -259,8 +259,7 @@ def _conv_input_resident(cg: Codegen, op: Op, x: GTensor, y: GTensor, w: StagedW
     def work(j: int) -> None:
         (o0, o1), (lw, ly, lp) = tiles[j], buffers(j)
         if lp_all is not None:  # this tile's channels start o0 / lanes rows into every lane
-            view = (lp_all.shape[0], o1 - o0, *lp_all.shape[2:])
-            lp = LTensor(lp_all.addr + (o0 // lanes) * lp_all.strides[1], view, lp_all.fmt, lp_all.strides)
+            lp = channel_view(cg.chip, lp_all, o0, o1)
         s.tiu(tiu.conv(ly, lx, lw, lp, win, relu, params.has_bias))
         if relu_max is not None:
             s.tiu(tiu.minimum(ly, ly, relu_max))

@@ -5,15 +5,17 @@ passes/lowering/layer_group.py forms the groups and gives each tile's rows, grou
 memory and group_ops.py gives each op its local kernel; here a group becomes TDMA and TIU ops: its plan placed
 where the first loads can run under the units before it, the residents loaded once, then per tile the inputs
 loaded, every op's local kernel emitted, and the output stored (tiles pipelined when the plan is
-double-buffered). Only the group's output goes back to gmem, a tile at a time.
+double-buffered; a streamed conv loads its filters chunk by chunk). Only the group's output goes back to gmem,
+a tile at a time.
 """
 
 from __future__ import annotations
 
 from npuc.backends.cv18xx import dma
 from npuc.backends.cv18xx.codegen import Codegen, kernel
-from npuc.backends.cv18xx.kernels.group_ops import LOCAL_FMT, LOCAL_KERNELS
-from npuc.backends.cv18xx.kernels.group_plan import Plan, best_plan
+from npuc.backends.cv18xx.kernels.group_ops import LOCAL_FMT, LOCAL_KERNELS, needs_exact_rows
+from npuc.backends.cv18xx.kernels.group_plan import Plan, best_plan, residents
+from npuc.backends.cv18xx.kernels.group_stream import emit_streamed_conv
 from npuc.backends.cv18xx.kernels.tiling import pipeline
 from npuc.backends.cv18xx.lmem import GTensor, LTensor, local_bytes, local_strides
 from npuc.compiler.errors import UserError
@@ -41,8 +43,11 @@ def _place(cg: Codegen, group: LayerGroup, plan: Plan) -> None:
     at = cg.chip.lmem_size - plan.peak if cg.top_aligned else 0  # where plan_group put it
     first = [
         (addr - at, addr - at + local_bytes(cg.chip, r.shape, r.fmt, r.eu_align))
-        for r, addr in zip(LOCAL_KERNELS[group.ops[0].kind].resident(cg, group.ops[0]), plan.resident[0])
+        for r, addr in zip(residents(cg, group.ops[0], 0 in plan.streams), plan.resident[0])
     ]
+    if 0 in plan.streams:  # its first chunk's filters
+        stream, addr = plan.streams[0]
+        first.append((addr - at, addr - at + stream.set_bytes(cg)))
     touched = cg.stream.touched
     touched.update(cg.stream.records, len(cg.stream.records))
     plan.shift(touched.best_shift(first, plan.peak, cg.top_aligned) - at)
@@ -55,18 +60,19 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
         raise UserError(f"{group.name}: its tiles no longer fit {cg.chip.name} local memory")
     s = cg.stream
     _place(cg, group, plan)
-    residents: list[list[LTensor]] = []
+    resident: list[list[LTensor]] = []
     sources: list[list[GTensor]] = []  # placed in the weight area in op order, loaded in load() below
-    for op, addrs in zip(group.ops, plan.resident):
+    for k, (op, addrs) in enumerate(zip(group.ops, plan.resident)):
+        constants = residents(cg, op, k in plan.streams)
         mine = []
-        for r, addr in zip(LOCAL_KERNELS[op.kind].resident(cg, op), addrs):
+        for r, addr in zip(constants, addrs):
             mine.append(LTensor(addr, r.shape, r.fmt, local_strides(cg.chip, r.shape, r.fmt, r.eu_align)))
-        residents.append(mine)
-        sources.append([r.source() for r in LOCAL_KERNELS[op.kind].resident(cg, op)])
+        resident.append(mine)
+        sources.append([r.source() for r in constants])
 
     def load_residents(ops: range) -> None:
         for k in ops:
-            for src, lt in zip(sources[k], residents[k]):
+            for src, lt in zip(sources[k], resident[k]):
                 dma.load(s, src, lt)
 
     def loaded(j: int) -> dict[int, tuple[LTensor, Rows]]:
@@ -104,7 +110,7 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
                     continue
                 read = tile.reads[(op.name, i)]
                 lt, rows = held[id(plan.slot_of[(k, i)])]
-                ins.append(_view(cg, lt, rows, read.rows))
+                ins.append(lt if needs_exact_rows(op) else _view(cg, lt, rows, read.rows))  # group_ops.serves
                 reads.append(read)
             out_slot = plan.out_slot[k]
             rows = tile.rows[op.outputs[0]]
@@ -115,7 +121,10 @@ def emit_group(cg: Codegen, group: LayerGroup) -> None:
             def new_tile(out: LTensor = out, temps=temps) -> LTensor:
                 return LTensor(next(temps), out.shape, out.fmt, out.strides)
 
-            LOCAL_KERNELS[op.kind].emit(cg, op, out, ins, reads, residents[k], new_tile)
+            if k in plan.streams:
+                emit_streamed_conv(cg, op, out, ins, reads, resident[k], *plan.streams[k])
+            else:
+                LOCAL_KERNELS[op.kind].emit(cg, op, out, ins, reads, resident[k], new_tile)
         last = held[id(plan.out_slot[len(group.ops) - 1])][0]
         b = tile.batch
         dma.store(s, last, cg.gtensor(group.output).slice(n=(b, b + 1), h=tile.rows[group.output]))

@@ -26,7 +26,7 @@ from npuc.backends.cv18xx.kernels.tiling import Geometry
 from npuc.backends.cv18xx.lmem import LTensor, Resident, local_bytes
 from npuc.compiler.errors import UserError
 from npuc.compiler.ir import Graph, Op
-from npuc.passes.lowering.layer_group import Read
+from npuc.passes.lowering.layer_group import Read, Rows
 
 LOCAL_FMT = {"int8": "i8", "bf16": "bf16"}
 RESIDENT_SHARE = 2  # an op's constants may take at most 1/RESIDENT_SHARE of a lane to join a group
@@ -52,7 +52,7 @@ def _hw(graph: Graph, name: str) -> tuple[int, int]:
     return shape[2], shape[3]
 
 
-def _tile_window(g: Geometry, read: Read) -> tiu.Window:
+def tile_window(g: Geometry, read: Read) -> tiu.Window:
     """The tile's window: the rows' padding from the read, the columns' from the whole layer."""
     left = g.pads[1]
     need_w = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
@@ -63,7 +63,7 @@ def _tile_window(g: Geometry, read: Read) -> tiu.Window:
 # --- conv ------------------------------------------------------------------------------------------------
 
 
-def _conv_geometry(cg: Codegen, op: Op) -> Geometry:
+def conv_geometry(cg: Codegen, op: Op) -> Geometry:
     w = cg.graph.tensors[op.inputs[1]].shape
     (ih, iw), (oh, ow) = _hw(cg.graph, op.inputs[0]), _hw(cg.graph, op.outputs[0])
     return Geometry(w[2], w[3], *op.attrs.strides, *op.attrs.dilations, tuple(op.attrs.pads), ih, iw, oh, ow)
@@ -100,9 +100,14 @@ def _conv_joins(cg: Codegen, op: Op) -> bool:
     if op.attrs.group != 1 and not _depthwise(cg, op):
         return False
     try:
-        check_window(op, _conv_geometry(cg, op))
+        check_window(op, conv_geometry(cg, op))
     except UserError:
         return False  # the stand-alone kernel reports it
+    return True
+
+
+def resident_fits(cg: Codegen, op: Op) -> bool:
+    """May `op`'s constants stay in local memory for a whole group (at most 1/RESIDENT_SHARE of a lane)?"""
     return _resident_bytes(cg, op) <= cg.chip.lmem_size // RESIDENT_SHARE
 
 
@@ -110,7 +115,7 @@ def _conv_emit(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], reads: lis
                new_tile: Callable[[], LTensor]) -> None:  # fmt: skip
     has_bias = len(op.inputs) > 2 and bool(op.inputs[2])
     relu, relu_max = fused_relu(op)
-    win = _tile_window(_conv_geometry(cg, op), reads[0])
+    win = tile_window(conv_geometry(cg, op), reads[0])
     params = res[1] if len(res) > 1 else None
     build = tiu.depthwise if _depthwise(cg, op) else tiu.conv
     cg.stream.tiu(build(out, ins[0], res[0], params, win, relu, has_bias))
@@ -138,7 +143,7 @@ def _pool_emit(cg: Codegen, op: Op, out: LTensor, ins: list[LTensor], reads: lis
     g = _pool_geometry(cg, op)
     first_row = (reads[0].wanted[0] + g.pads[0]) // g.sh  # the read starts at first_row * stride - pad_top
     edges = borders(op, cg.graph.shape(op.inputs[0]), cg.graph.shape(op.outputs[0]))
-    pool_tile(cg, op, op.attrs.mode, g, out, ins[0], _tile_window(g, reads[0]), first_row, edges)
+    pool_tile(cg, op, op.attrs.mode, g, out, ins[0], tile_window(g, reads[0]), first_row, edges)
 
 
 def _eltwise_joins(cg: Codegen, op: Op) -> bool:
@@ -208,6 +213,17 @@ LOCAL_KERNELS: dict[str, LocalKernel] = {
     "activation": LocalKernel(_activation_joins, _activation_emit, _activation_resident, _activation_scratch),
     "prelu": LocalKernel(_prelu_joins, _prelu_emit, prelu_constants, _prelu_scratch, exact=False),
 }
+
+
+def serves(op: Op, read: Read, held: Rows) -> bool:
+    """Can `op` read its input rows `read` from a slot holding rows `held`? An explicit-stride reader: any rows
+    inside. A shape-derived one: exactly its rows, or (a conv) more rows after them, since the TIU stops at the
+    output height and never reads past the last window, provided that window needs no padding below."""
+    if not needs_exact_rows(op):
+        return held[0] <= read.rows[0] and read.rows[1] <= held[1]
+    if read.rows == held:
+        return True
+    return op.kind == "conv2d" and read.rows[0] == held[0] and read.rows[1] < held[1] and read.pads[1] == 0
 
 
 def needs_exact_rows(op: Op) -> bool:

@@ -9,8 +9,13 @@ and how many output rows per tile fit (`rows_that_fit`); it gives each tile's ro
   producer, or a load from gmem before its first reader) to its last reader; every tile uses the same
   addresses, sized for the tallest tile. A group input read by ops that need different rows (a 3x3 conv and
   the residual add) gets a slot per distinct read; a tensor made inside the group holds the union of its
-  readers' rows, so an op that derives strides from the shape (conv, pool, lookup) must read all of it;
+  readers' rows, so an op that derives strides from the shape (conv, pool, lookup) must read all of it, or
+  (a conv) its leading rows (group_ops.serves);
 - scratch: the temporaries an op asks for (the int16 high plane of an int8 add), freed right after it.
+
+A group whose output is one tile (every row at once, batch 1) whose constants do not all fit may stream its
+convs' filters instead (`streamed`, group_stream.py): each conv's filters pass through two chunk buffers,
+taken while the op before it runs (so the first chunk loads under that op's compute) and freed after it.
 
 The formation cuts a group whose recomputed halo rows cost more than the DDR traffic it saves, priced by
 group_cost.unit_cycles.
@@ -18,16 +23,25 @@ group_cost.unit_cycles.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from npuc.backends.cv18xx.codegen import Codegen
 from npuc.backends.cv18xx.kernels.group_cost import unit_cycles
-from npuc.backends.cv18xx.kernels.group_ops import LOCAL_FMT, LOCAL_KERNELS, can_join, needs_exact_rows
+from npuc.backends.cv18xx.kernels.group_ops import (
+    LOCAL_FMT,
+    LOCAL_KERNELS,
+    can_join,
+    needs_exact_rows,
+    resident_fits,
+    serves,
+)
+from npuc.backends.cv18xx.kernels.group_stream import ConvStream, conv_stream, streamed_resident
 from npuc.backends.cv18xx.kernels.tiling import largest_fit
 from npuc.backends.cv18xx.lmem import local_bytes
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.ir import Op
-from npuc.passes.lowering.layer_group import LayerGroup, Rows, Tile, form_groups
+from npuc.passes.lowering.layer_group import LayerGroup, Read, Rows, Tile, form_groups
 
 
 @dataclass
@@ -66,6 +80,7 @@ class Plan:
     scratch: dict[int, list[int]] = field(default_factory=dict)  # op index -> temporaries' addresses
     peak: int = 0  # bytes per lane the plan uses, from address 0
     double: bool = False  # group inputs and output have two copies (tiles alternate)
+    streams: dict[int, tuple[ConvStream, int]] = field(default_factory=dict)  # op index -> its chunk buffers
 
     def shift(self, by: int) -> None:
         """Move every address up by `by` bytes."""
@@ -73,6 +88,7 @@ class Plan:
         for s in self.slots:
             s.addr += by
         self.scratch = {k: [a + by for a in addrs] for k, addrs in self.scratch.items()}
+        self.streams = {k: (stream, a + by) for k, (stream, a) in self.streams.items()}
 
 
 def _slots(cg: Codegen, group: LayerGroup, tiles: list[Tile]) -> tuple[list[Slot], dict, dict] | None:
@@ -87,17 +103,19 @@ def _slots(cg: Codegen, group: LayerGroup, tiles: list[Tile]) -> tuple[list[Slot
             if name and not cg.graph.tensors[name].is_const:
                 readers.setdefault(name, []).append((k, i))
 
-    def read(t: Tile, key: tuple[int, int]) -> Rows:
-        return t.reads[(ops[key[0]].name, key[1])].rows
+    def read(t: Tile, key: tuple[int, int]) -> Read:
+        return t.reads[(ops[key[0]].name, key[1])]
+
+    def all_served(keys: list[tuple[int, int]], held: Callable[[Tile], Rows]) -> bool:
+        return all(serves(ops[key[0]], read(t, key), held(t)) for t in tiles for key in keys)
 
     for k, op in enumerate(ops):
         name = op.outputs[0]
         mine = readers.get(name, [])
         slot = Slot(name, mine, k, max([k, *(r[0] for r in mine)]), loaded=False)
-        for key in mine:
-            if needs_exact_rows(ops[key[0]]) and any(read(t, key) != t.rows[name] for t in tiles):
-                return None
-            slot_of[key] = slot
+        if not all_served(mine, lambda t, name=name: t.rows[name]):
+            return None
+        slot_of.update((key, slot) for key in mine)
         slots.append(slot)
         out_slot[k] = slot
     for name in group.inputs:
@@ -107,12 +125,13 @@ def _slots(cg: Codegen, group: LayerGroup, tiles: list[Tile]) -> tuple[list[Slot
             exact = needs_exact_rows(ops[key[0]])
             home = None
             for cand in mine:
-                first = cand.readers[0]
-                if exact and all(read(t, first) == read(t, key) for t in tiles):
+                if exact:  # the slot grows to hold both, if each exact reader still reads it
+                    grown = lambda t, cand=cand, key=key: _union(cand.rows(group, t), read(t, key).rows)  # noqa: E731
+                    fits = all_served([*cand.readers, key], grown)
+                else:
+                    fits = all_served([key], lambda t, cand=cand: cand.rows(group, t))
+                if fits:
                     home = cand
-                elif not exact and all(_inside(read(t, key), cand.rows(group, t)) for t in tiles):
-                    home = cand
-                if home is not None:
                     break
             if home is None:
                 home = Slot(name, [], key[0], key[0], loaded=True)
@@ -124,8 +143,8 @@ def _slots(cg: Codegen, group: LayerGroup, tiles: list[Tile]) -> tuple[list[Slot
     return slots, slot_of, out_slot
 
 
-def _inside(rows: Rows, held: Rows) -> bool:
-    return held[0] <= rows[0] and rows[1] <= held[1]
+def _union(a: Rows, b: Rows) -> Rows:
+    return min(a[0], b[0]), max(a[1], b[1])
 
 
 def _slot_bytes(cg: Codegen, group: LayerGroup, slot: Slot, tiles: list[Tile]) -> int:
@@ -135,24 +154,41 @@ def _slot_bytes(cg: Codegen, group: LayerGroup, slot: Slot, tiles: list[Tile]) -
     return local_bytes(cg.chip, (1, c, tallest, w), fmt)
 
 
-def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False) -> Plan | None:
+def one_tile(cg: Codegen, group: LayerGroup) -> bool:
+    """Is the group's output one tile when every row fits (batch 1)?"""
+    return cg.graph.shape(group.output)[0] == 1
+
+
+def residents(cg: Codegen, op: Op, streamed: bool) -> list:
+    """The constants `op` keeps in local memory for the whole group (a streamed conv: its records only)."""
+    return streamed_resident(cg, op) if streamed else LOCAL_KERNELS[op.kind].resident(cg, op)
+
+
+def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False, streamed: bool = False
+               ) -> Plan | None:  # fmt: skip
     """Addresses of every resident, slot and temporary for tiles of `rows` output rows; None if they don't fit.
 
     With `double`, the slots the TDMA fills (group inputs) and drains (the group output) get two copies. With
-    cg.top_aligned the whole layout moves up against the top of the lane: consecutive units alternate, so a
-    group's resident loads land where the unit before it is not working and run under its compute."""
+    `streamed` (one tile only), convs stream their filters (module docstring). With cg.top_aligned the whole
+    layout moves up against the top of the lane: consecutive units alternate, so a group's resident loads land
+    where the unit before it is not working and run under its compute."""
     chip = cg.chip
     tiles = list(group.tiles(cg.graph, rows))
+    if streamed and len(tiles) != 1:
+        return None
     made = _slots(cg, group, tiles)
     if made is None:
         return None
     slots, slot_of, out_slot = made
     plan = Plan(tiles, [], slots, slot_of, out_slot, double=double)
+    streams = {k: st for k, op in enumerate(group.ops) if streamed and (st := conv_stream(cg, op)) is not None}
+    if not all(k in streams or resident_fits(cg, op) for k, op in enumerate(group.ops)):
+        return None
 
     top = 0
-    for op in group.ops:
+    for k, op in enumerate(group.ops):
         addrs = []
-        for r in LOCAL_KERNELS[op.kind].resident(cg, op):
+        for r in residents(cg, op, k in streams):
             size = local_bytes(chip, r.shape, r.fmt, r.eu_align)
             addrs.append(top)
             top += size
@@ -172,11 +208,19 @@ def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False) 
         size = sizes[id(s)] * copies[id(s)]
         free.release(s.addr - base, size)
 
+    def stream_bytes(k: int) -> int:
+        return streams[k].set_bytes(cg) * streams[k].copies()
+
+    def take_stream(k: int) -> None:
+        if k in streams:
+            plan.streams[k] = (streams[k], base + free.alloc(stream_bytes(k)))
+
     # Double-buffered slots are placed before the tile's first op and live through it: the next tile's inputs
     # are prefetched into them while this tile runs, and the last tile's output drains from them.
     pinned = [s for s in slots if copies[id(s)] == 2]
     for s in pinned:
         take(s)
+    take_stream(0)
     for k, op in enumerate(group.ops):
         for s in slots:
             if s.loaded and s.start == k and s not in pinned:
@@ -186,6 +230,7 @@ def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False) 
             take(out)
         temps = [free.alloc(sizes[id(out)]) for _ in range(LOCAL_KERNELS[op.kind].scratch(op))]
         plan.scratch[k] = [base + t for t in temps]
+        take_stream(k + 1)  # the next conv's first chunk loads while this op computes
         plan.peak = max(plan.peak, base + free.top)
         if plan.peak > chip.lmem_size:
             return None
@@ -194,24 +239,40 @@ def plan_group(cg: Codegen, group: LayerGroup, rows: int, double: bool = False) 
         for s in slots:
             if s.end == k and s not in pinned and not (s is out and k == len(group.ops) - 1):
                 give(s)
+        if k in streams:
+            free.release(plan.streams[k][1] - base, stream_bytes(k))
     if cg.top_aligned:
         plan.shift(chip.lmem_size - plan.peak)
     return plan
 
 
 def best_plan(cg: Codegen, group: LayerGroup) -> Plan | None:
-    """Double-buffered when that costs no extra tiles, else single. (Shorter tiles to make room for two
-    copies were measured on resnet18_224: the halo rows they recompute and reload cost more than the
-    overlap gains, so the group keeps the tile height it was formed with.)"""
-    return plan_group(cg, group, group.rows, double=True) or plan_group(cg, group, group.rows)
+    """Double-buffered when that costs no extra tiles, else single, else (one tile) streamed. (Shorter tiles to
+    make room for two copies were measured on resnet18_224: the halo rows they recompute and reload cost more
+    than the overlap gains, so the group keeps the tile height it was formed with.)"""
+    return (
+        plan_group(cg, group, group.rows, double=True)
+        or plan_group(cg, group, group.rows)
+        or plan_group(cg, group, group.rows, streamed=True)
+    )
 
 
 def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
+    """The tallest tile whose plan fits; all the rows at once if a streamed plan fits them (one tile: no halo
+    recomputed, no filter loaded twice), even where resident constants would need shorter tiles."""
     height = cg.graph.shape(group.output)[2]
-    return largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None)
+    rows = largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None)
+    if rows < height and one_tile(cg, group) and plan_group(cg, group, height, streamed=True) is not None:
+        return height
+    return rows
 
 
 def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str], cut: bool = True) -> list[Op | LayerGroup]:
     """The groups of `ops`: each as long as it fits, then (`cut`) cut where its pieces cost fewer cycles."""
     cost = (lambda unit: unit_cycles(cg, unit)) if cut else None
-    return form_groups(cg.graph, ops, lambda op: can_join(cg, op), lambda g: rows_that_fit(cg, g), pinned, cost=cost)
+    return form_groups(cg.graph, ops, lambda op: joins(cg, op), lambda g: rows_that_fit(cg, g), pinned, cost=cost)
+
+
+def joins(cg: Codegen, op: Op) -> bool:
+    """May `op` join a group: its local kernel takes it, and its constants stay resident or (a conv) stream."""
+    return can_join(cg, op) and (resident_fits(cg, op) or conv_stream(cg, op) is not None)
