@@ -36,6 +36,9 @@ Since a one-tile group may stream its convs' filters (kernels/group_stream.py) a
 of a slot, resnet18_224's stages 2-4 (28x28 to 7x7, 3x3 filters up to 4.6 KB a lane per 32 channels) are one
 group: cv183x 3,661,090 cycles (was 3,779,855), 12,335,744 DDR bytes against tpu-mlir's 12.8 M (was 13,954,816),
 overlap 15.6%; cv181x 14,563,723 cycles, 15,808,096 bytes; PP-LCNet and O-Net byte-identical.
+Since a group takes shorter double-buffered tiles where the pipelined price is lower (group_plan.tile_height),
+cv183x npuc / tpu-mlir: resnet18_224 3,645,083 cycles, overlap 16.1%, 12,349,856 B; PP-LCNet 411,357 / 434,211,
+overlap 17.7% / 17.5%, 2,594,184 B; O-Net unchanged. YOLOv8n 3.30 -> 3.21 M, PicoDet 12.34 -> 11.69 M.
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def test_tiled_batched_lookup_matches(chip: str, tmp_path: Path) -> None:
     path = case.build(chip, quant_output=True)
     model = read_cvimodel(path)
     ins = split_cmdbuf(model.sections["subfunc_0"], chip_spec(chip))
-    assert sum(i.engine == ENGINE_TIU and tiu_op_name(i.fields) == "lookup" for i in ins) == 4  # 2 images x 2
+    # 2 images x at least 2 row tiles (shorter double-buffered ones where they cost less: group_plan.tile_height)
+    assert sum(i.engine == ENGINE_TIU and tiu_op_name(i.fields) == "lookup" for i in ins) >= 4
     ours = run_cvimodel(model, case.feeds)["output_i8"]
     vendor = run_vendor(path, case.feeds)["output_i8"]
     assert ours.size == int(np.prod(BIG_SHAPE))
