@@ -1,11 +1,11 @@
 """Convs whose filters stream through a one-tile CV18xx layer group instead of staying resident.
 
 A group computed in one tile (every row at once, batch 1) reads each filter once, so the filters need not all
-sit in local memory for the whole group: each conv's pass through two alternating chunk buffers, a whole number
-of lanes' worth of output channels at a time, chunk i + 1 loading while chunk i convolves (reorder.py moves the
-loads up). group_plan.py places the buffers (taken while the op before runs, so the first chunk loads under it);
-group.py emits `emit_streamed_conv` in the op's place. That keeps resnet18's 14x14 and 7x7 stages, whose 3x3
-filters take up to twice a lane, in local memory.
+sit in local memory for the whole group: each conv's filters pass through two alternating chunk buffers, a
+whole number of lanes' worth of output channels at a time, chunk i + 1 loading while chunk i convolves
+(reorder.py moves the loads up). group_plan.py places the buffers (taken while the op before runs, so the first
+chunk loads under it); group.py emits `emit_streamed_conv` in the op's place. That keeps resnet18's 14x14 and
+7x7 stages, whose 3x3 filters take up to twice a lane, in local memory.
 """
 
 from __future__ import annotations
