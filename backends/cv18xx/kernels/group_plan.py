@@ -41,6 +41,7 @@ from npuc.backends.cv18xx.kernels.tiling import largest_fit
 from npuc.backends.cv18xx.lmem import local_bytes
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.ir import Op
+from npuc.passes.lowering.chain_order import chain_order
 from npuc.passes.lowering.layer_group import LayerGroup, Read, Rows, Tile, form_groups
 
 
@@ -268,8 +269,19 @@ def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
 
 
 def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str], cut: bool = True) -> list[Op | LayerGroup]:
-    """The groups of `ops`: each as long as it fits, then (`cut`) cut where its pieces cost fewer cycles and
-    tiled at the height that costs fewest (`tile_height`)."""
+    """The groups of `ops` in their order or in chain order (passes/lowering/chain_order.py), whichever costs
+    fewer cycles: each group as long as it fits, then (`cut`) cut where its pieces cost fewer cycles and tiled
+    at the height that costs fewest (`tile_height`). Chain order lets the branches an exporter interleaved
+    form groups: YOLOv8n cv183x 3.21 -> 2.96 M cycles, 21.7 -> 17.2 MB DDR; PicoDet 11.7 -> 9.0 M, 94 -> 51 MB."""
+    chained = chain_order(ops)
+    options = [ops] if chained == ops else [ops, chained]
+    grouped = [_grouped(cg, order, pinned, cut) for order in options]
+    # ops that cannot join a group stand alone in either order: the groupable units make the difference
+    prices = [sum(unit_cycles(cg, u) for u in units if isinstance(u, LayerGroup) or joins(cg, u)) for units in grouped]
+    return grouped[prices.index(min(prices))]
+
+
+def _grouped(cg: Codegen, ops: list[Op], pinned: set[str], cut: bool) -> list[Op | LayerGroup]:
     cost = (lambda unit: unit_cycles(cg, unit)) if cut else None
     units = form_groups(cg.graph, ops, lambda op: joins(cg, op), lambda g: rows_that_fit(cg, g), pinned, cost=cost)
     for unit in units if cut else ():
