@@ -38,7 +38,7 @@ from npuc.backends.cv18xx.kernels.group_ops import (
 )
 from npuc.backends.cv18xx.kernels.group_stream import ConvStream, conv_stream, streamed_resident
 from npuc.backends.cv18xx.kernels.tiling import largest_fit
-from npuc.backends.cv18xx.lmem import local_bytes
+from npuc.backends.cv18xx.lmem import Resident, local_bytes
 from npuc.compiler.allocator import FreeList
 from npuc.compiler.ir import Op
 from npuc.passes.lowering.chain_order import chain_order
@@ -155,12 +155,7 @@ def _slot_bytes(cg: Codegen, group: LayerGroup, slot: Slot, tiles: list[Tile]) -
     return local_bytes(cg.chip, (1, c, tallest, w), fmt)
 
 
-def one_tile(cg: Codegen, group: LayerGroup) -> bool:
-    """Is the group's output one tile when every row fits (batch 1)?"""
-    return cg.graph.shape(group.output)[0] == 1
-
-
-def residents(cg: Codegen, op: Op, streamed: bool) -> list:
+def residents(cg: Codegen, op: Op, streamed: bool) -> list[Resident]:
     """The constants `op` keeps in local memory for the whole group (a streamed conv: its records only)."""
     return streamed_resident(cg, op) if streamed else LOCAL_KERNELS[op.kind].resident(cg, op)
 
@@ -263,7 +258,7 @@ def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
     recomputed, no filter loaded twice), even where resident constants would need shorter tiles."""
     height = cg.graph.shape(group.output)[2]
     rows = largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None)
-    if rows < height and one_tile(cg, group) and plan_group(cg, group, height, streamed=True) is not None:
+    if rows < height and plan_group(cg, group, height, streamed=True) is not None:  # None unless one tile
         return height
     return rows
 
