@@ -313,15 +313,22 @@ def calibrate(
     """
     pre, options, progress = pre or Preprocess(), options or CalibrationOptions(), progress or no_progress
     start = time.perf_counter()
-    plan = plan_calibration(model_path, input_shapes)
     files = list_samples(data, limit)
     histograms = not range_only and (options.method != "max" or keep_histograms)
     one_pass = ranges is None and options.histogram == "global" and (histograms or (range_only and keep_grid))
     workers = shards.effective_jobs(jobs, len(files))
     if ray_address or workers > 1:
-        stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
-                                    progress, workers, ray_address, jobs, one_pass)  # fmt: skip
+        threads = shards.worker_threads(jobs, workers)  # local workers load the model while this process plans
+        warm = (_warm_session, _session_key(model_path, input_shapes, options.batch, threads))
+        executor = shards.open_executor(workers, ray_address, warm)
+        try:
+            plan = plan_calibration(model_path, input_shapes)
+            stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
+                                        progress, executor, jobs, one_pass)  # fmt: skip
+        finally:
+            executor.close()
     else:
+        plan = plan_calibration(model_path, input_shapes)
         stats = _collect_here(plan, files, pre, options, ranges, histograms, progress, jobs or 0, one_pass)
     if one_pass and histograms:  # the grid gives the histograms at the merged absmax, no second pass
         stats = stats.histograms()
@@ -391,46 +398,58 @@ def _collect_on_workers(
     ranges: CalibrationStats | None,
     histograms: bool,
     progress: Progress,
-    workers: int,
-    ray_address: str | None,
+    executor: shards.LocalProcesses | shards.RayCluster,
     cores: int | None,
     one_pass: bool = False,
 ) -> CalibrationStats:
-    """The statistics split over worker processes or a Ray cluster; the same as `_collect_here`'s. `cores`: what
-    the local workers' threads share (None: every core)."""
-    executor = shards.open_executor(workers, ray_address)
-    try:
-        if ray_address:
-            workers = executor.jobs
+    """The statistics split over the executor's worker processes or Ray cluster; the same as `_collect_here`'s.
+    `cores`: what the local workers' threads share (None: every core)."""
 
-        def run(label: str, frozen: CalibrationStats | None, grid: bool = False) -> CalibrationStats:
-            jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, workers, frozen,
-                                     options.histogram, cores, grid)  # fmt: skip
-            return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
+    def run(label: str, frozen: CalibrationStats | None, grid: bool = False) -> CalibrationStats:
+        jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, executor.jobs,
+                                 frozen, options.histogram, cores, grid)  # fmt: skip
+        return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
 
-        if one_pass:
-            return run("statistics", None, grid=True)
-        if ranges is None:
-            ranges = run("ranges", None)
-        if not histograms:
-            return ranges
-        _check_same_tensors(ranges, plan)
-        return run("histograms", ranges)
-    finally:
-        executor.close()
+    if one_pass:
+        return run("statistics", None, grid=True)
+    if ranges is None:
+        ranges = run("ranges", None)
+    if not histograms:
+        return ranges
+    _check_same_tensors(ranges, plan)
+    return run("histograms", ranges)
 
 
 _SESSIONS: dict[tuple, tuple[CalibrationPlan, TensorTap]] = {}  # per worker process, kept between tasks
 
 
-def run_shard(job: shards.ShardJob) -> CalibrationStats:
-    """One chunk of one pass, in a worker; a pure function of `job`. The worker loads the model once."""
-    key = (job.model_path, job.input_shapes, job.batch, job.threads)
+def _session_key(model_path: str | Path, input_shapes: InputShapes | None, batch: int, threads: int) -> tuple:
+    """What a worker's session depends on, as a ShardJob spells it."""
+    return str(Path(model_path).resolve()), shards.shape_key(input_shapes), batch, threads
+
+
+def _session(key: tuple) -> tuple[CalibrationPlan, TensorTap]:
+    """The worker's plan and onnxruntime session for `key` (`_session_key`), made once."""
     if key not in _SESSIONS:
         _SESSIONS.clear()  # one model per worker at a time
-        plan = plan_calibration(job.model_path, dict(job.input_shapes) or None)
-        _SESSIONS[key] = (plan, TensorTap(plan, job.batch, threads=job.threads))
-    plan, tap = _SESSIONS[key]
+        model_path, shapes, batch, threads = key
+        plan = plan_calibration(model_path, dict(shapes) or None)
+        _SESSIONS[key] = (plan, TensorTap(plan, batch, threads=threads))
+    return _SESSIONS[key]
+
+
+def _warm_session(*key: object) -> None:
+    """A starting worker's first step: its session, ahead of the first task. A failure is left to that task,
+    which makes the session again and reports it as the driver's error."""
+    try:
+        _session(key)
+    except Exception:  # reported by the task
+        _SESSIONS.clear()
+
+
+def run_shard(job: shards.ShardJob) -> CalibrationStats:
+    """One chunk of one pass, in a worker; a pure function of `job`. The worker loads the model once."""
+    plan, tap = _session((job.model_path, job.input_shapes, job.batch, job.threads))
     options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max", histogram=job.histogram)
     files = [Path(f) for f in job.files]
     if job.ranges is None:

@@ -81,16 +81,26 @@ def chunk_files(files: Sequence[Path], jobs: int, batch: int) -> list[tuple[str,
 Task = Callable[[ShardJob], CalibrationStats]  # a module-level function: it is pickled by reference
 
 
-class LocalProcesses:
-    """A pool of worker processes on this machine (spawned: onnxruntime's threads do not survive a fork)."""
+Warm = tuple[Callable[..., None], tuple]  # (a module-level function, its arguments): what a worker does first
 
-    def __init__(self, jobs: int) -> None:
+
+class LocalProcesses:
+    """A pool of worker processes on this machine (spawned: onnxruntime's threads do not survive a fork).
+
+    The workers start at once, each running `warm` (loading the model, say) while the caller goes on: their
+    interpreter start and set-up overlap the driver's own instead of following it."""
+
+    def __init__(self, jobs: int, warm: Warm | None = None) -> None:
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             # A spawned worker re-running an unguarded script's top level: stop before the pool makes its queues,
             # whose semaphores would outlive this process (the parent then reports the stopped worker).
             raise UserError("a calibration worker cannot start calibrations of its own; see the parent's error")
         self.jobs = jobs
-        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+        initializer, initargs = warm or (None, ())
+        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=initializer,
+                                        initargs=initargs)  # fmt: skip
+        for _ in range(jobs):  # the pool spawns a worker per task waiting for one: all of them, now
+            self.pool.submit(_started)
 
     def map(self, task: Task, jobs: Sequence[ShardJob]) -> Iterator[tuple[int, CalibrationStats]]:
         try:
@@ -138,8 +148,18 @@ class RayCluster:
         pass  # the cluster outlives the job; the driver disconnects at exit
 
 
-def open_executor(jobs: int, ray_address: str | None) -> LocalProcesses | RayCluster:
-    return RayCluster(ray_address) if ray_address else LocalProcesses(jobs)
+def _started() -> None:
+    """The task that makes the pool start a worker."""
+
+
+def open_executor(jobs: int, ray_address: str | None, warm: Warm | None = None) -> LocalProcesses | RayCluster:
+    """Ray's workers are the cluster's, already running; local ones start now, each running `warm` first."""
+    return RayCluster(ray_address) if ray_address else LocalProcesses(jobs, warm)
+
+
+def worker_threads(cores: int | None, workers: int) -> int:
+    """Each local worker's share of `cores` (default: every core) as onnxruntime threads."""
+    return max(1, (cores or default_jobs()) // workers)
 
 
 def run_pass(
@@ -159,6 +179,11 @@ def run_pass(
     return merged
 
 
+def shape_key(input_shapes: InputShapes | None) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """`input_shapes` as plain sorted data (a ShardJob field)."""
+    return tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
+
+
 def shard_jobs(
     model_path: str | Path,
     input_shapes: InputShapes | None,
@@ -173,8 +198,8 @@ def shard_jobs(
     grid: bool = False,
 ) -> list[ShardJob]:
     """The chunks of one pass; each worker's onnxruntime gets its share of `cores` (default: every core)."""
-    shapes = tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
-    threads = max(1, (cores or default_jobs()) // workers)
+    shapes = shape_key(input_shapes)
+    threads = worker_threads(cores, workers)
     chunks = chunk_files(files, workers, batch)
     starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
     return [
