@@ -44,9 +44,11 @@ outputs the table needs keep onnxruntime from fusing the residual add into the c
 element (abs, zero count, scaled int32 index, bincount 1.7), numpy's floor for a 16384-bin count.
 On an AVX-512 machine (onnxruntime's AVX-512 kernels), quiet, `--counts 200 --jobs 1` five times: 9.83-10.3 s
 CPU, 6.4-6.7x the stored figure. `--jobs 2` there was 1.55x (6.66 s wall: the driver's plan, then each worker's
-spawn, imports, plan and session, ~1.2 s before the first sample); since the local workers start with the pool
-and load the model while the driver plans (shards.LocalProcesses `warm`), 6.3-6.4 s, 1.63-1.68x. 2000 samples:
-98.1 s, --jobs 2 49.4 s (1.99x); peak RSS 374.2 MB at 2000 vs 373.7 MB at 200 (+0.1%).
+spawn, imports, plan and session, ~1.2 s before the first sample). Since the local workers start with the pool
+and import while the driver plans (shards.LocalProcesses `warm`), and take the driver's choice of tensors
+instead of importing the model again (ShardJob.observed): --jobs 2 6.16-6.33 s wall, 11.9-12.3 s CPU, 1.63-1.74x
+(four runs; the host's noise moves --jobs 1 by +-5%). 2000 samples: 98.1 s, --jobs 2 49.4 s (1.99x); peak RSS
+374.2 MB at 2000 vs 373.7 MB at 200 (+0.1%).
 """
 
 from __future__ import annotations

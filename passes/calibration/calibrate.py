@@ -183,10 +183,16 @@ def _bn_folds(node: onnx.NodeProto, producers: dict, users: dict[str, int], outp
 # Planning
 
 
-def plan_calibration(model_path: str | Path, input_shapes: InputShapes | None = None) -> CalibrationPlan:
-    """Load and pin the model, and choose the tensors to observe (the canonicalized IR's activations)."""
+def plan_calibration(
+    model_path: str | Path, input_shapes: InputShapes | None = None, observed: Mapping[str, str] | None = None
+) -> CalibrationPlan:
+    """Load and pin the model, and choose the tensors to observe (the canonicalized IR's activations);
+    `observed`: the choice another process's plan of the same model made (a worker given the driver's): the
+    model is not imported again."""
     model = load_model(model_path)
     pin_input_shapes(model, input_shapes or {})
+    if observed is not None:
+        return CalibrationPlan(model, model_inputs(model), dict(observed), [])
     graph = import_model(model)
     canonicalize(graph)
     # the IR's dtypes come from the frontend's shape inference: no second inference of the ONNX model
@@ -318,9 +324,7 @@ def calibrate(
     one_pass = ranges is None and options.histogram == "global" and (histograms or (range_only and keep_grid))
     workers = shards.effective_jobs(jobs, len(files))
     if ray_address or workers > 1:
-        threads = shards.worker_threads(jobs, workers)  # local workers load the model while this process plans
-        warm = (_warm_session, _session_key(model_path, input_shapes, options.batch, threads))
-        executor = shards.open_executor(workers, ray_address, warm)
+        executor = shards.open_executor(workers, ray_address, (_warm_worker, ()))  # starting while this one plans
         try:
             plan = plan_calibration(model_path, input_shapes)
             stats = _collect_on_workers(plan, model_path, input_shapes, files, pre, options, ranges, histograms,
@@ -407,7 +411,7 @@ def _collect_on_workers(
 
     def run(label: str, frozen: CalibrationStats | None, grid: bool = False) -> CalibrationStats:
         jobs = shards.shard_jobs(model_path, input_shapes, files, pre, options.batch, options.bins, executor.jobs,
-                                 frozen, options.histogram, cores, grid)  # fmt: skip
+                                 frozen, options.histogram, cores, grid, tuple(plan.observed.items()))  # fmt: skip
         return shards.run_pass(executor, run_shard, jobs, progress(label, len(files)))
 
     if one_pass:
@@ -423,33 +427,20 @@ def _collect_on_workers(
 _SESSIONS: dict[tuple, tuple[CalibrationPlan, TensorTap]] = {}  # per worker process, kept between tasks
 
 
-def _session_key(model_path: str | Path, input_shapes: InputShapes | None, batch: int, threads: int) -> tuple:
-    """What a worker's session depends on, as a ShardJob spells it."""
-    return str(Path(model_path).resolve()), shards.shape_key(input_shapes), batch, threads
-
-
-def _session(key: tuple) -> tuple[CalibrationPlan, TensorTap]:
-    """The worker's plan and onnxruntime session for `key` (`_session_key`), made once."""
-    if key not in _SESSIONS:
-        _SESSIONS.clear()  # one model per worker at a time
-        model_path, shapes, batch, threads = key
-        plan = plan_calibration(model_path, dict(shapes) or None)
-        _SESSIONS[key] = (plan, TensorTap(plan, batch, threads=threads))
-    return _SESSIONS[key]
-
-
-def _warm_session(*key: object) -> None:
-    """A starting worker's first step: its session, ahead of the first task. A failure is left to that task,
-    which makes the session again and reports it as the driver's error."""
-    try:
-        _session(key)
-    except Exception:  # reported by the task
-        _SESSIONS.clear()
+def _warm_worker() -> None:
+    """A starting worker's first step, while the driver plans: what its first task would import."""
+    import onnxruntime  # noqa: F401
 
 
 def run_shard(job: shards.ShardJob) -> CalibrationStats:
-    """One chunk of one pass, in a worker; a pure function of `job`. The worker loads the model once."""
-    plan, tap = _session((job.model_path, job.input_shapes, job.batch, job.threads))
+    """One chunk of one pass, in a worker; a pure function of `job`. The worker loads the model once, with the
+    tensors the driver's plan chose."""
+    key = (job.model_path, job.input_shapes, job.batch, job.threads)
+    if key not in _SESSIONS:
+        _SESSIONS.clear()  # one model per worker at a time
+        plan = plan_calibration(job.model_path, dict(job.input_shapes) or None, dict(job.observed) or None)
+        _SESSIONS[key] = (plan, TensorTap(plan, job.batch, threads=job.threads))
+    plan, tap = _SESSIONS[key]
     options = CalibrationOptions(batch=job.batch, bins=job.bins, method="max", histogram=job.histogram)
     files = [Path(f) for f in job.files]
     if job.ranges is None:

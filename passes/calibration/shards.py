@@ -49,6 +49,7 @@ class ShardJob:
     first: int = 0  # the place of files[0] in the whole sample list: pass 1 numbers the samples from it
     histogram: str = "global"  # the histogram geometry (passes/calibration/histogram.py)
     grid: bool = False  # pass 1 also bins the global histogram's grid (then there is no pass 2)
+    observed: tuple[tuple[str, str], ...] = ()  # the driver's plan: ONNX tensor -> table name (empty: plan anew)
 
 
 def default_jobs() -> int:
@@ -87,8 +88,8 @@ Warm = tuple[Callable[..., None], tuple]  # (a module-level function, its argume
 class LocalProcesses:
     """A pool of worker processes on this machine (spawned: onnxruntime's threads do not survive a fork).
 
-    The workers start at once, each running `warm` (loading the model, say) while the caller goes on: their
-    interpreter start and set-up overlap the driver's own instead of following it."""
+    The workers start at once, each running `warm` (the imports its tasks need, say) while the caller goes on:
+    their interpreter start and set-up overlap the driver's own instead of following it."""
 
     def __init__(self, jobs: int, warm: Warm | None = None) -> None:
         if getattr(multiprocessing.current_process(), "_inheriting", False):
@@ -196,6 +197,7 @@ def shard_jobs(
     histogram: str = "global",
     cores: int | None = None,
     grid: bool = False,
+    observed: tuple[tuple[str, str], ...] = (),
 ) -> list[ShardJob]:
     """The chunks of one pass; each worker's onnxruntime gets its share of `cores` (default: every core)."""
     shapes = shape_key(input_shapes)
@@ -204,7 +206,18 @@ def shard_jobs(
     starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
     return [
         ShardJob(
-            str(Path(model_path).resolve()), shapes, batch, bins, pre, chunk, ranges, threads, start, histogram, grid
+            str(Path(model_path).resolve()),
+            shapes,
+            batch,
+            bins,
+            pre,
+            chunk,
+            ranges,
+            threads,
+            start,
+            histogram,
+            grid,
+            observed,
         )
         for chunk, start in zip(chunks, starts)
     ]
