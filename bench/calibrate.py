@@ -48,7 +48,9 @@ spawn, imports, plan and session, ~1.2 s before the first sample). Since the loc
 and import while the driver plans (shards.LocalProcesses `warm`), and take the driver's choice of tensors
 instead of importing the model again (ShardJob.observed): --jobs 2 6.16-6.33 s wall, 11.9-12.3 s CPU, 1.63-1.74x
 (four runs; the host's noise moves --jobs 1 by +-5%). 2000 samples: 98.1 s, --jobs 2 49.4 s (1.99x); peak RSS
-374.2 MB at 2000 vs 373.7 MB at 200 (+0.1%).
+374.2 MB at 2000 vs 373.7 MB at 200 (+0.1%). tpu-mlir 1.30.2 run live on this machine (TPU_MLIR_VENV, torch
+2.14.1 installed first and `setuptools<70` after it): 55.0 and 47.2 s CPU for the same 200 samples (KL + tune 5),
+so npuc --jobs 1 is 5.3x and 4.2x live here, not the 6.4x the stored figure from the issue's machine gives.
 """
 
 from __future__ import annotations
