@@ -158,11 +158,6 @@ def open_executor(jobs: int, ray_address: str | None, warm: Warm | None = None) 
     return RayCluster(ray_address) if ray_address else LocalProcesses(jobs, warm)
 
 
-def worker_threads(cores: int | None, workers: int) -> int:
-    """Each local worker's share of `cores` (default: every core) as onnxruntime threads."""
-    return max(1, (cores or default_jobs()) // workers)
-
-
 def run_pass(
     executor: LocalProcesses | RayCluster,
     task: Task,
@@ -180,11 +175,6 @@ def run_pass(
     return merged
 
 
-def shape_key(input_shapes: InputShapes | None) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """`input_shapes` as plain sorted data (a ShardJob field)."""
-    return tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
-
-
 def shard_jobs(
     model_path: str | Path,
     input_shapes: InputShapes | None,
@@ -200,24 +190,12 @@ def shard_jobs(
     observed: tuple[tuple[str, str], ...] = (),
 ) -> list[ShardJob]:
     """The chunks of one pass; each worker's onnxruntime gets its share of `cores` (default: every core)."""
-    shapes = shape_key(input_shapes)
-    threads = worker_threads(cores, workers)
+    shapes = tuple(sorted((name, tuple(int(d) for d in dims)) for name, dims in (input_shapes or {}).items()))
+    threads = max(1, (cores or default_jobs()) // workers)
     chunks = chunk_files(files, workers, batch)
     starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
+    path = str(Path(model_path).resolve())
     return [
-        ShardJob(
-            str(Path(model_path).resolve()),
-            shapes,
-            batch,
-            bins,
-            pre,
-            chunk,
-            ranges,
-            threads,
-            start,
-            histogram,
-            grid,
-            observed,
-        )
+        ShardJob(path, shapes, batch, bins, pre, chunk, ranges, threads, start, histogram, grid, observed)
         for chunk, start in zip(chunks, starts)
     ]
