@@ -1,8 +1,11 @@
-"""`npuc compare MODEL --target cv18xx (--calib TABLE | --calib-data DIR) --data DIR [--auto-mixed COS] [--json]`.
+"""`npuc compare MODEL --target cv18xx (--calib TABLE | --calib-data DIR) --data DIR [--auto-mixed COS]
+[--sensitivity] [--json]`.
 
 For every sample in DIR (.npz keyed by input name, or .npy for a one-input model) the model runs on
 onnxruntime (float) and on the quantized reference interpreter; `--auto-mixed COS` searches the fewest layers
-to keep in bf16 for an output cosine of COS. The comparison and the search live in passes/calibration/compare.py.
+to keep in bf16 for an output cosine of COS; `--sensitivity` measures each int8 layer alone in int8 (and with
+`--auto-mixed`, the search tries the layers in that order). The comparison and the search live in
+passes/calibration/compare.py, the sensitivity in sensitivity.py there.
 """
 
 from __future__ import annotations
@@ -81,6 +84,10 @@ def register(app: typer.Typer) -> None:
         max_float: Annotated[
             int, typer.Option("--max-float-layers", help="Bound of the --auto-mixed search.")
         ] = DEFAULT_MAX_FLOAT_LAYERS,
+        sensitivity: Annotated[
+            bool,
+            typer.Option("--sensitivity", help="Rank the int8 layers by the outputs with each alone in int8."),
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
         input_shape: Annotated[
             list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,... (dynamic dims).")
@@ -100,6 +107,7 @@ def register(app: typer.Typer) -> None:
         """
         from npuc.frontends.onnx import parse_input_shapes
         from npuc.passes.calibration.compare import auto_mixed, load_comparison
+        from npuc.passes.calibration.sensitivity import layer_sensitivity, sensitivity_lines
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -116,13 +124,15 @@ def register(app: typer.Typer) -> None:
         if comparison.qtable is not None:
             kept = len(comparison.base_float)
             typer.echo(f"npuc: note: {kept} layer(s) kept in bf16 by {comparison.qtable}", err=True)
+        if mixed_target is not None and float_layer:
+            raise UserError("--auto-mixed chooses the float layers itself; drop --float-layer")
+        ranked = layer_sensitivity(comparison, float_layers=float_layer or ()) if sensitivity else None
         mixed = None
         if mixed_target is None:
             report = comparison.evaluate(float_layer or ())
-        else:
-            if float_layer:
-                raise UserError("--auto-mixed chooses the float layers itself; drop --float-layer")
-            mixed = auto_mixed(comparison, mixed_target, max_float)
+        else:  # with --sensitivity, the search tries the layers in its order
+            order = None if ranked is None else [s.layer for s in ranked]
+            mixed = auto_mixed(comparison, mixed_target, max_float, order=order)
             report = mixed.report
         if as_json:
             payload = {
@@ -133,8 +143,12 @@ def register(app: typer.Typer) -> None:
             }
             if mixed is not None:
                 payload["auto_mixed"] = mixed.public()
+            if ranked is not None:
+                payload["sensitivity"] = [s.public() for s in ranked]
             typer.echo(json.dumps(payload, indent=2))
         else:
             typer.echo(_text(report, mixed))
+            if ranked is not None:
+                typer.echo("\n".join(sensitivity_lines(ranked)))
         if mixed is not None and not mixed.reached:
             raise UserError(f"--auto-mixed {mixed.target}: {mixed.reason}; lower the target or recalibrate")

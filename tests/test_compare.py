@@ -11,8 +11,10 @@ import pytest
 from golden import GOLDEN_ROOT
 
 from npuc.cli.app import main
+from npuc.compiler.errors import UserError
 from npuc.passes.calibration.calitable import format_table, read_table
 from npuc.passes.calibration.compare import Comparison, auto_mixed, compare_model
+from npuc.passes.calibration.sensitivity import layer_sensitivity
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
 MODEL = GOLDEN / "smallcnn.onnx"
@@ -160,6 +162,44 @@ def test_auto_mixed_already_reached_and_unreachable(samples, capsys):
     assert exc.value.code == 2 and "auto-mixed 0.9999999: NOT reached" in captured.out
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("npuc: error: --auto-mixed 0.9999999: unreachable: even all 10 int8 layers")
+
+
+def test_sensitivity_ranks_the_layer_that_causes_the_error_first(samples, tmp_path):
+    """relu_17 clipped to 5% of its range: quantizing it alone, or its consumer bn_24 alone (which quantizes its
+    input at that threshold), costs the output most; the all-int8 report blames the layers after them as much
+    (they inherit the error). Each entry is the evaluation with every other int8 layer in float."""
+    comparison = Comparison(MODEL, read_table(shrunk_table(tmp_path, "relu_17_Relu")), samples, "cv18xx_int8")
+    ranked = layer_sensitivity(comparison)
+    assert sorted(s.layer for s in ranked) == sorted(LAYERS)  # every int8 layer once
+    assert {s.layer for s in ranked[:2]} == {"relu_17", "bn_24"}
+    assert all(s.output_cosine < 0.995 for s in ranked[:2])  # measured 0.99286, 0.99299
+    assert all(s.output_cosine > 0.9999 for s in ranked[2:])  # the vendor's thresholds elsewhere
+    assert [s.output_cosine for s in ranked] == sorted(s.output_cosine for s in ranked)
+    alone = comparison.evaluate([n for n in LAYERS if n != ranked[0].layer], per_layer=False)
+    assert ranked[0].output_cosine == pytest.approx(alone.output_cosine, abs=1e-12)
+    all_int8 = {a.name: a.cosine for a in comparison.evaluate().layers}
+    assert max(all_int8[n] for n in ("relu_26", "relu_34", "relu_38")) < 0.91  # inherited: measured 0.88-0.90
+    # layers kept in float are not candidates and stay float in every trial
+    rest = layer_sensitivity(comparison, float_layers=["relu_17"])
+    assert "relu_17" not in {s.layer for s in rest} and rest[0].layer == "bn_24"
+    with pytest.raises(UserError, match="'nosuch' is not an int8 layer"):
+        layer_sensitivity(comparison, ["nosuch"])
+
+
+def test_sensitivity_cli(samples, tmp_path, capsys):
+    table = shrunk_table(tmp_path, "relu_17_Relu")
+    args = ["compare", str(MODEL), "--calib", str(table), "--data", str(samples), "--sensitivity"]
+    assert cli(*args, "--json") == 0
+    ranked = json.loads(capsys.readouterr().out)["sensitivity"]
+    assert len(ranked) == len(LAYERS) and ranked[0]["layer"] == "relu_17" and ranked[0]["output_cosine"] < 0.995
+    assert cli(*args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("int8 sensitivity"))
+    assert "10 of 10 most sensitive" in lines[start] and lines[start + 1].split()[0] == "relu_17"
+    # the search in sensitivity order takes relu_17 first: one step reaches the target
+    assert cli(*args, "--auto-mixed", "0.9999", "--json") == 0
+    mixed = json.loads(capsys.readouterr().out)["auto_mixed"]
+    assert mixed["reached"] and mixed["float_layers"][0] == "relu_17" and mixed["evaluations"] <= 4
 
 
 def test_calib_data_instead_of_a_table(samples):

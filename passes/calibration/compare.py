@@ -10,8 +10,10 @@ cosine against its own inputs (the layer that introduces the error, not the ones
 in float together with its consumers (which would re-quantize that tensor with the same threshold); the step
 is kept when the output cosine improves. It stops at the target, at `max_layers`, or after 3x that many
 trials; a final pass drops every chosen layer the target does not need. Before searching, all int8 layers in
-float tells whether the target is reachable at all. `npuc compare --auto-mixed` and `npuc calibrate
---target-cos` use it.
+float tells whether the target is reachable at all. Given a ranking (passes/calibration/sensitivity.py: each
+layer alone in int8), the steps take the layers in its order instead: local loss blames a layer for error its
+input brought, which a layer that amplifies it inherits. `npuc compare --auto-mixed` (in sensitivity order
+with `--sensitivity`) and `npuc calibrate --target-cos` use it.
 """
 
 from __future__ import annotations
@@ -354,9 +356,11 @@ class Comparison:
 
 
 def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
-               base: Sequence[str] = ()) -> MixedResult:  # fmt: skip
+               base: Sequence[str] = (), order: Sequence[str] | None = None) -> MixedResult:  # fmt: skip
     """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
-    `base`: layers in float from the start (a pattern's), not counted among those chosen."""
+    `base`: layers in float from the start (a pattern's), not counted among those chosen; `order`: the int8
+    layers in the order to try them (passes/calibration/sensitivity.py); without it each step takes the largest
+    local loss."""
 
     def evaluate(layers: Iterable[str] = (), per_layer: bool = False) -> CompareReport:
         return comparison.evaluate([*base, *layers], per_layer=per_layer)
@@ -384,11 +388,16 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     report, tried, last = base_report, set(), []
     budget = 3 * max_layers  # evaluations the greedy phase may spend
     while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
-        loss = comparison.local_loss(report)
         left = [n for n in report.int8_layers if n not in chosen and n not in tried]
+        if order is not None:
+            left = [n for n in order if n in left]
         if not left:
             break
-        pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
+        if order is not None:
+            pick = left[0]
+        else:
+            loss = comparison.local_loss(report)
+            pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
         tried.add(pick)
         unit = [n for n in comparison.unit(pick) if n not in chosen]
         if len(chosen) + len(unit) > max_layers:
