@@ -389,15 +389,15 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     budget = 3 * max_layers  # evaluations the greedy phase may spend
     while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
         left = [n for n in report.int8_layers if n not in chosen and n not in tried]
-        if order is not None:
-            left = [n for n in order if n in left]
         if not left:
             break
-        if order is not None:
-            pick = left[0]
-        else:
+        if order is None:
             loss = comparison.local_loss(report)
             pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
+        else:  # the ranking's first layer still in int8 (a ranking names only int8 layers)
+            pick = next((n for n in order if n in left), None)
+            if pick is None:
+                break
         tried.add(pick)
         unit = [n for n in comparison.unit(pick) if n not in chosen]
         if len(chosen) + len(unit) > max_layers:
