@@ -88,6 +88,14 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option("--sensitivity", help="Rank the int8 layers by the outputs with each alone in int8."),
         ] = False,
+        write_qtable: Annotated[
+            Path | None,
+            typer.Option(
+                "--write-qtable",
+                help="Write the qtable's and the --auto-mixed layers as a tpu-mlir qtable (e.g. <calib>.qtable, "
+                "which build reads).",
+            ),  # fmt: skip
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
         input_shape: Annotated[
             list[str] | None, typer.Option("--input-shape", help="Pin an input: NAME:D0,D1,... (dynamic dims).")
@@ -107,6 +115,7 @@ def register(app: typer.Typer) -> None:
         """
         from npuc.frontends.onnx import parse_input_shapes
         from npuc.passes.calibration.compare import auto_mixed, load_comparison
+        from npuc.passes.calibration.qtable import write_qtable as write_qtable_file
         from npuc.passes.calibration.sensitivity import layer_sensitivity, sensitivity_lines
 
         with warnings.catch_warnings(record=True) as caught:
@@ -126,6 +135,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"npuc: note: {kept} layer(s) kept in bf16 by {comparison.qtable}", err=True)
         if mixed_target is not None and float_layer:
             raise UserError("--auto-mixed chooses the float layers itself; drop --float-layer")
+        if write_qtable is not None and mixed_target is None:
+            raise UserError("--write-qtable writes what --auto-mixed finds; add --auto-mixed COS")
         ranked = layer_sensitivity(comparison, float_layers=float_layer or ()) if sensitivity else None
         mixed = None
         if mixed_target is None:
@@ -152,3 +163,12 @@ def register(app: typer.Typer) -> None:
                 typer.echo("\n".join(sensitivity_lines(ranked)))
         if mixed is not None and not mixed.reached:
             raise UserError(f"--auto-mixed {mixed.target}: {mixed.reason}; lower the target or recalibrate")
+        if write_qtable is not None:
+            layers = [*comparison.base_float, *mixed.float_layers]
+            how = "by int8 sensitivity" if sensitivity else "by local loss"
+            write_qtable_file(write_qtable, layers, comments=[
+                f"npuc compare --auto-mixed {mixed.target} ({how}, on {report.samples} sample(s)): {mixed.reason}",
+                f"{len(comparison.base_float)} layer(s) from {comparison.qtable}" if comparison.qtable else
+                "no qtable before the search",
+            ])  # fmt: skip
+            typer.echo(f"npuc: wrote {write_qtable}: {len(layers)} layer(s) in bf16", err=True)

@@ -14,6 +14,7 @@ from npuc.cli.app import main
 from npuc.compiler.errors import UserError
 from npuc.passes.calibration.calitable import format_table, read_table
 from npuc.passes.calibration.compare import Comparison, auto_mixed, compare_model
+from npuc.passes.calibration.qtable import read_qtable
 from npuc.passes.calibration.sensitivity import layer_sensitivity
 
 GOLDEN = GOLDEN_ROOT / "cv18xx"
@@ -394,3 +395,26 @@ def test_sqnr_of_an_all_zero_reference_is_minus_infinity_and_the_report_stays_st
     assert dead.sqnr_db == float("-inf") and exact.sqnr_db == float("inf")
     text = json.dumps([dead.public(), exact.public()], allow_nan=False)
     assert json.loads(text)[0]["sqnr_db"] == "-inf" and json.loads(text)[1]["sqnr_db"] == "inf"
+
+
+def test_write_qtable_hands_the_search_to_build(samples, tmp_path, capsys):
+    """`--auto-mixed COS --write-qtable <calib>.qtable`: the qtable's layers and the search's, in tpu-mlir's format,
+    read back by `npuc build --calib` (the build keeps them in bf16); written only when the target is reached."""
+    import npuc
+
+    table = shrunk_table(tmp_path, "relu_17_Relu")
+    Path(f"{table}.qtable").write_text("# op_name   quantize_mode\nrelu_38 BF16\n")
+    args = ["compare", str(MODEL), "--calib", str(table), "--data", str(samples), "--sensitivity"]
+    out = tmp_path / "found.qtable"
+    assert cli(*args, "--write-qtable", str(out)) == 2  # nothing searched: nothing to write
+    assert "add --auto-mixed" in capsys.readouterr().err and not out.exists()
+    assert cli(*args, "--auto-mixed", "0.99999999", "--max-float-layers", "1", "--write-qtable", str(out)) == 2
+    assert not out.exists()  # target missed: no file
+    capsys.readouterr()
+    assert cli(*args, "--auto-mixed", "0.9999", "--write-qtable", str(out)) == 0
+    assert f"wrote {out}" in capsys.readouterr().err
+    written = read_qtable(out)
+    assert list(written)[0] == "relu_38" and "relu_17" in written and set(written.values()) == {"BF16"}
+    assert "npuc compare --auto-mixed 0.9999 (by int8 sensitivity" in out.read_text()
+    result = npuc.build(MODEL, "cv18xx", tmp_path / "m.cvimodel", calib=table, qtable=out)
+    assert result.summary["qtable_bf16_layers"] == list(written)
