@@ -200,7 +200,7 @@ def test_sensitivity_cli(samples, tmp_path, capsys):
     # the search in sensitivity order takes relu_17 first: one step reaches the target
     assert cli(*args, "--auto-mixed", "0.9999", "--json") == 0
     mixed = json.loads(capsys.readouterr().out)["auto_mixed"]
-    assert mixed["reached"] and mixed["float_layers"][0] == "relu_17" and mixed["evaluations"] <= 4
+    assert mixed["reached"] and mixed["float_layers"][0] == "relu_17" and mixed["evaluations"] <= 5
 
 
 def test_calib_data_instead_of_a_table(samples):
@@ -418,3 +418,41 @@ def test_write_qtable_hands_the_search_to_build(samples, tmp_path, capsys):
     assert "npuc compare --auto-mixed 0.9999 (by int8 sensitivity" in out.read_text()
     result = npuc.build(MODEL, "cv18xx", tmp_path / "m.cvimodel", calib=table, qtable=out)
     assert result.summary["qtable_bf16_layers"] == list(written)
+
+
+class _Scored:
+    """A stand-in report: the output cosine a prefix of `k` float layers gives."""
+
+    def __init__(self, cosine: float) -> None:
+        self.output_cosine = cosine
+
+
+def _prefix_search(cosines: dict[int, float], target: float, max_layers: int):  # noqa: ANN202
+    from npuc.passes.calibration.compare import _ranked_prefix
+
+    order = [f"l{i}" for i in range(20)]
+    seen = []
+
+    def evaluate(layers=(), per_layer=False):  # noqa: ANN001, ANN202
+        seen.append(len(layers))
+        return _Scored(cosines[len(layers)])
+
+    found = _ranked_prefix(evaluate, target, max_layers, order, _Scored(cosines[0]), _Scored(1.0), 2)
+    return found, seen
+
+
+def test_ranked_prefix_search_finds_the_shortest_prefix_by_doubling_then_bisection():
+    rising = {k: 0.9 + 0.01 * k for k in range(21)}  # reaches 0.95 from 5 layers on
+    found, seen = _prefix_search(rising, 0.95, 12)
+    assert found.reached and found.float_layers == ["l0", "l1", "l2", "l3", "l4"]
+    assert seen == [1, 2, 4, 8, 6, 5, 5]  # doubling, bisection in (4, 8], then the report's per-layer run
+    assert found.evaluations == 2 + len(seen) and "first 5 ranked layer(s)" in found.reason
+    # the last rung is the bound itself; nothing reaching: the best prefix measured, not reached
+    bumpy = {k: 0.9 - 0.01 * abs(k - 3) for k in range(21)}
+    missed, seen = _prefix_search(bumpy, 0.95, 6)
+    assert not missed.reached and missed.float_layers == ["l0", "l1"] and seen == [1, 2, 4, 6, 2]
+    assert "the best prefix of the ranking, 2 float layer(s)" in missed.reason
+    # not monotone: what it returns as reached was measured to reach
+    dip = {**rising, 6: 0.9}
+    found, _ = _prefix_search(dip, 0.95, 12)
+    assert found.reached and dip[len(found.float_layers)] >= 0.95

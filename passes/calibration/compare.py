@@ -10,10 +10,17 @@ cosine against its own inputs (the layer that introduces the error, not the ones
 in float together with its consumers (which would re-quantize that tensor with the same threshold); the step
 is kept when the output cosine improves. It stops at the target, at `max_layers`, or after 3x that many
 trials; a final pass drops every chosen layer the target does not need. Before searching, all int8 layers in
-float tells whether the target is reachable at all. Given a ranking (passes/calibration/sensitivity.py: each
-layer alone in int8), the steps take the layers in its order instead: local loss blames a layer for error its
-input brought, which a layer that amplifies it inherits. `npuc compare --auto-mixed` (in sensitivity order
-with `--sensitivity`) and `npuc calibrate --target-cos` use it.
+float tells whether the target is reachable at all. `npuc calibrate --target-cos` and `npuc compare
+--auto-mixed` use it.
+
+Given a ranking (passes/calibration/sensitivity.py: each layer alone in int8; `npuc compare --sensitivity`),
+the search keeps a prefix of it in float instead: the first 1, 2, 4, ... ranked layers (up to `max_layers`)
+until one reaches the target, then bisection between the last two, so about 2·log2(max_layers) evaluations
+instead of the greedy's 3·max_layers. Every prefix it returns as reached was measured to reach. Measured on
+PicoDet layout (800x608; the ranking and the target judged on one calibration picture, 10 other documents
+scored): the greedy in ranking order kept 48 layers for 0.964 mean / 0.69 worst output cosine, the first 48
+ranked layers give 0.9855 / 0.943 (the greedy's keep-if-better steps follow one picture's noise; local loss
+blames a layer for error its input brought, the ranking does not).
 """
 
 from __future__ import annotations
@@ -358,9 +365,8 @@ class Comparison:
 def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
                base: Sequence[str] = (), order: Sequence[str] | None = None) -> MixedResult:  # fmt: skip
     """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
-    `base`: layers in float from the start (a pattern's), not counted among those chosen; `order`: the int8
-    layers in the order to try them (passes/calibration/sensitivity.py); without it each step takes the largest
-    local loss."""
+    `base`: layers in float from the start (a pattern's), not counted among those chosen; `order`: a ranking of
+    the int8 layers (passes/calibration/sensitivity.py), whose shortest reaching prefix is searched instead."""
 
     def evaluate(layers: Iterable[str] = (), per_layer: bool = False) -> CompareReport:
         return comparison.evaluate([*base, *layers], per_layer=per_layer)
@@ -384,6 +390,9 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         )
         return MixedResult(target, False, [], base_report.output_cosine, every.output_cosine, base_report,
                            evaluations, reason)  # fmt: skip
+    if order is not None:
+        return _ranked_prefix(evaluate, target, max_layers, [n for n in order if n in candidates], base_report,
+                              every, evaluations)  # fmt: skip
     chosen: list[str] = []
     report, tried, last = base_report, set(), []
     budget = 3 * max_layers  # evaluations the greedy phase may spend
@@ -391,13 +400,8 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         left = [n for n in report.int8_layers if n not in chosen and n not in tried]
         if not left:
             break
-        if order is None:
-            loss = comparison.local_loss(report)
-            pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
-        else:  # the ranking's first layer still in int8 (a ranking names only int8 layers)
-            pick = next((n for n in order if n in left), None)
-            if pick is None:
-                break
+        loss = comparison.local_loss(report)
+        pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
         tried.add(pick)
         unit = [n for n in comparison.unit(pick) if n not in chosen]
         if len(chosen) + len(unit) > max_layers:
@@ -428,6 +432,44 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     reason = f"{len(chosen)} float layer(s) reach {report.output_cosine:.6f} >= {target}"
     return MixedResult(target, True, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
                        reason)  # fmt: skip
+
+
+def _ranked_prefix(evaluate, target: float, max_layers: int, order: list[str], base_report: CompareReport,  # noqa: ANN001
+                   every: CompareReport, evaluations: int) -> MixedResult:  # fmt: skip
+    """The shortest prefix of `order` in float that reaches `target` (see the module docstring); else the best
+    prefix measured."""
+    top = min(max_layers, len(order))
+    rungs = sorted({*(2**i for i in range(top.bit_length()) if 2**i < top), top})
+    measured: dict[int, CompareReport] = {}
+
+    def reaches(k: int) -> bool:
+        nonlocal evaluations
+        measured[k] = evaluate(order[:k])
+        evaluations += 1
+        return measured[k].output_cosine >= target
+
+    lo, hi = 0, None
+    for k in rungs:
+        if reaches(k):
+            hi = k
+            break
+        lo = k
+    if hi is None:
+        k = max(measured, key=lambda n: (measured[n].output_cosine, -n), default=0)
+        report = evaluate(order[:k], per_layer=True) if k else base_report  # its layers, for the report
+        evaluations += bool(k)
+        reason = (f"not reached within --max-float-layers {max_layers}: the best prefix of the ranking, {k} "
+                  f"float layer(s), gives {report.output_cosine:.6f} < {target} (all int8 layers in float give "
+                  f"{every.output_cosine:.6f})")  # fmt: skip
+        return MixedResult(target, False, order[:k], base_report.output_cosine, every.output_cosine, report,
+                           evaluations, reason)  # fmt: skip
+    while hi - lo > 1:  # every hi kept was measured to reach the target
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+    report = evaluate(order[:hi], per_layer=True)
+    reason = f"the first {hi} ranked layer(s) in float reach {report.output_cosine:.6f} >= {target}"
+    return MixedResult(target, True, order[:hi], base_report.output_cosine, every.output_cosine, report,
+                       evaluations + 1, reason)  # fmt: skip
 
 
 def _scheme(target: str, quant: str) -> str:
