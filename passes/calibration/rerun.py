@@ -72,6 +72,10 @@ class RunCache:
         self.resume_at = 0  # the current graph's first op to run
         self.source: _Run | None = None
 
+    def clear(self) -> None:
+        """Forget every kept run (runs made under other kernels' numerics must not be resumed)."""
+        self.kept, self.current, self.source, self.resume_at = [], None, None, 0
+
     def begin(self, graph: Graph) -> None:
         """The graph the next `run` calls execute: resumed from the kept run it shares the longest prefix with."""
         matches = [(first_difference(r.graph, graph), k) for k, r in enumerate(self.kept)]
