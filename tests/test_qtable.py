@@ -28,14 +28,19 @@ def _npuc(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """tinycnn calibrated on 10 random samples (2 held out) for a cosine int8 alone cannot reach."""
-    folder = tmp_path_factory.mktemp("qtable")
+    model, _, table, run = _calibrate_tinycnn(tmp_path_factory.mktemp("qtable"), "--max-float-layers", "3")
+    return model, table, run
+
+
+def _calibrate_tinycnn(folder: Path, *options: str) -> tuple[Path, Path, Path, subprocess.CompletedProcess]:
+    """tinycnn, its 10 random samples, and `npuc calibrate --target-cos 0.99999 OPTIONS` on them: (model, data,
+    table, the run)."""
     model = folder / "tinycnn.onnx"
     model.write_bytes(make_model("tinycnn").SerializeToString())
     data = random_samples(folder / "data", (1, 3, 32, 32), 10)
     table = folder / "t.txt"
-    run = _npuc("calibrate", str(model), "--data", str(data), "-o", str(table), "--target-cos", "0.99999",
-                "--max-float-layers", "3")  # fmt: skip
-    return model, table, run
+    run = _npuc("calibrate", str(model), "--data", str(data), "-o", str(table), "--target-cos", "0.99999", *options)
+    return model, data, table, run
 
 
 def test_calibrate_writes_the_qtable_beside_the_table(calibrated) -> None:  # noqa: ANN001
@@ -206,3 +211,23 @@ def test_layers_kept_in_bf16_keep_the_models_constants_under_a_refit(tmp_path: P
     beside(table).unlink()  # the same layer named by --float-layers instead: the same rule, the same file
     npuc.build(model, "cv18xx", tmp_path / "f.cvimodel", calib=table, options={"float_layers": [kept.outputs[0]]})
     assert (tmp_path / "m.cvimodel").read_bytes() == (tmp_path / "f.cvimodel").read_bytes()
+
+
+def test_a_missed_target_prints_a_wider_search_that_reaches_it(tmp_path: Path) -> None:
+    """--target-cos missed within --max-float-layers while every int8 layer in float reaches it: the closing notes
+    give the `npuc compare --sensitivity --auto-mixed` line that searches all of them, and that line, run as
+    printed (PICTURES: samples), reaches the target and writes the qtable the build then reads."""
+    model, data, table, run = _calibrate_tinycnn(tmp_path, "--max-float-layers", "1")
+    assert run.returncode == 0 and "NOT reached" in run.stderr, run.stderr
+    (hint,) = [line for line in run.stderr.splitlines() if "npuc compare" in line]
+    command = hint.split("): npuc ", 1)[1].split(", PICTURES", 1)[0].split()
+    assert command[:2] == ["compare", str(model)] and command[-2:] == ["--write-qtable", str(beside(table))]
+    before = read_qtable(beside(table))
+    wider = _npuc(*[str(data) if word == "PICTURES" else word for word in command])
+    assert wider.returncode == 0, wider.stderr
+    after = read_qtable(beside(table))
+    assert list(after)[: len(before)] == list(before) and len(after) > len(before)
+    assert "auto-mixed 0.99999: reached" in wider.stdout
+    build = _npuc("build", str(model), "--target", "cv18xx", "--calib", str(table), "-o", str(tmp_path / "m.cvimodel"),
+                  "--json")  # fmt: skip
+    assert build.returncode == 0 and json.loads(build.stdout)["details"]["qtable_bf16_layers"] == list(after)

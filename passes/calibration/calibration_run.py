@@ -256,6 +256,9 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
         comments.append(f"int8 output cosine on them {mixed.int8_cosine:.6f}")
         lines.append(f"--target-cos {target} on {len(feeds)} held-out sample(s): {verdict}int8 output cosine "
                      f"{mixed.int8_cosine:.6f}; {mixed.reason}{f' ({shown})' if shown else ''}")  # fmt: skip
+        if not mixed.reached and mixed.all_float_cosine is not None and mixed.all_float_cosine >= target:
+            every = len(mixed.report.int8_layers) + len(chosen)  # the int8 layers the search could keep in float
+            lines.append(wider_search_hint(model, output, shapes, target, every))
     path = beside(output)
     if base or chosen or (held_out and explicit):
         write_qtable(path, [*base, *chosen], "BF16", comments)
@@ -265,6 +268,19 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
         path.unlink()
         lines.append(f"removed {path}, made for an earlier table")
     return lines, [*base, *chosen]
+
+
+def wider_search_hint(model: Path, table: Path, shapes: dict, target: float, layers: int) -> str:
+    """What reaches a --target-cos the bounded search missed (all `layers` int8 layers in float reach it): every
+    int8 layer ranked by what it costs alone, the shortest reaching prefix kept (passes/calibration/sensitivity.py),
+    a log2(layers) search."""
+    from npuc.passes.calibration.qtable import beside
+
+    pinned = "".join(f" --input-shape {name}:{','.join(map(str, dims))}" for name, dims in (shapes or {}).items())
+    return (f"for more bf16 layers in the order each costs alone in int8 (about half a run per layer and picture): "
+            f"npuc compare {model} --calib {table} --data PICTURES{pinned} --sensitivity --auto-mixed {target} "
+            f"--max-float-layers {layers} --write-qtable {beside(table)}, PICTURES a few the "
+            "table never saw")  # fmt: skip
 
 
 def int8_share(model: Path, shapes: dict, layers: list[str], refinement: Any) -> float:
