@@ -25,7 +25,7 @@ blames a layer for error its input brought, the ranking does not).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -434,8 +434,8 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
                        reason)  # fmt: skip
 
 
-def _ranked_prefix(evaluate, target: float, max_layers: int, order: list[str], base_report: CompareReport,  # noqa: ANN001
-                   every: CompareReport, evaluations: int) -> MixedResult:  # fmt: skip
+def _ranked_prefix(evaluate: Callable[..., CompareReport], target: float, max_layers: int, order: list[str],
+                   base_report: CompareReport, every: CompareReport, evaluations: int) -> MixedResult:  # fmt: skip
     """The shortest prefix of `order` in float that reaches `target` (see the module docstring); else the best
     prefix measured."""
     top = min(max_layers, len(order))
