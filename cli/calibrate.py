@@ -17,7 +17,6 @@ samples of a single run; merged shards are not tuned.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
@@ -25,7 +24,18 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from npuc.cli.options import Color, KeepAspect, Layout, Mean, PadType, PadValue, Resize, Scale, preprocess
+from npuc.cli.options import (
+    Color,
+    KeepAspect,
+    Layout,
+    Mean,
+    PadType,
+    PadValue,
+    Resize,
+    Scale,
+    preprocess,
+    progress_bar,
+)
 from npuc.compiler.defaults import DEFAULT_BINS, DEFAULT_BUDGET, DEFAULT_MAX_FLOAT_LAYERS
 
 DEFAULT_COMMAND = "run"
@@ -39,29 +49,6 @@ class DefaultCommandGroup(TyperGroup):
         if args and args[0] not in self.commands:
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
-
-
-def _progress_factory() -> tuple[Callable[[str, int], Callable[[int], None]], object | None]:
-    """A rich progress bar on a terminal; a no-op otherwise (quiet in Makefiles and CI)."""
-    if not sys.stderr.isatty():
-        return (lambda label, total: lambda n: None), None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-
-    def start(label: str, total: int) -> Callable[[int], None]:
-        task = bar.add_task(label, total=total)
-        return lambda n: bar.advance(task, n)
-
-    return start, bar
 
 
 def _note(message: str) -> None:
@@ -222,7 +209,7 @@ def register(app: typer.Typer) -> None:
         from npuc.api import calibration
 
         pre = preprocess(mean, scale, color, resize, layout, keep_aspect_ratio, pad_value, pad_type)
-        progress, bar = _progress_factory()
+        progress, bar = progress_bar()
         with bar or nullcontext():
             done = calibration.calibrate(
                 model, data, output, method=method, percentile=percentile, batch=batch, bins=bins, tune=tune,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -27,6 +28,7 @@ from npuc.cli.options import (
     TableResize,
     TableScale,
     preprocess,
+    progress_bar,
 )
 from npuc.compiler.defaults import DEFAULT_MAX_FLOAT_LAYERS
 from npuc.compiler.errors import UserError
@@ -137,7 +139,11 @@ def register(app: typer.Typer) -> None:
             raise UserError("--auto-mixed chooses the float layers itself; drop --float-layer")
         if write_qtable is not None and mixed_target is None:
             raise UserError("--write-qtable writes what --auto-mixed finds; add --auto-mixed COS")
-        ranked = layer_sensitivity(comparison, float_layers=float_layer or ()) if sensitivity else None
+        ranked = None
+        if sensitivity:  # minutes on a large model: a bar on a terminal
+            progress, bar = progress_bar()
+            with bar or nullcontext():
+                ranked = layer_sensitivity(comparison, float_layers=float_layer or (), progress=progress)
         mixed = None
         if mixed_target is None:
             report = comparison.evaluate(float_layer or ())

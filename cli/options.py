@@ -4,6 +4,8 @@ target options (build, export)."""
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -71,3 +73,27 @@ def parse_options(texts: list[str]) -> dict[str, Any]:
 def split_names(text: str | None) -> list[str]:
     """'a, b,c' as ['a', 'b', 'c'] (--float-layers, --output-names); None or '' as []."""
     return [name.strip() for name in (text or "").split(",") if name.strip()]
+
+
+def progress_bar() -> tuple[Callable[[str, int], Callable[[int], None]], object | None]:
+    """(start(label, total) -> advance(n), the bar to enter): a rich progress bar on a terminal; a no-op otherwise
+    (quiet in Makefiles and CI)."""
+    if not sys.stderr.isatty():
+        return (lambda label, total: lambda n: None), None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+    def start(label: str, total: int) -> Callable[[int], None]:
+        task = bar.add_task(label, total=total)
+        return lambda n: bar.advance(task, n)
+
+    return start, bar

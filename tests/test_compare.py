@@ -480,3 +480,15 @@ def test_the_scans_float32_sums_stay_inside_the_scan(samples, tmp_path):
     assert comparison.runs.kept == []  # no run made with those sums is resumed
     after = comparison.evaluate(bf16_heavy, per_layer=False).outputs[0].sample_cosines
     assert after == before
+
+
+def test_sensitivity_reports_its_progress_layer_by_layer(samples):
+    """The scan takes minutes on a large model: `npuc compare --sensitivity` shows a bar on a terminal, fed one
+    step per measured layer."""
+    steps: list[tuple[str, int, int]] = []
+
+    def progress(label: str, total: int):  # noqa: ANN202
+        return lambda n: steps.append((label, total, n))
+
+    ranked = layer_sensitivity(Comparison(MODEL, read_table(TABLE), samples, "cv18xx_int8"), progress=progress)
+    assert steps == [("int8 sensitivity", len(LAYERS), 1)] * len(ranked) and len(ranked) == len(LAYERS)

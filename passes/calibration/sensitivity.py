@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from npuc.compiler.errors import UserError
 from npuc.compiler.kernels.quantized.bf16_conv import float32_sums
+from npuc.passes.calibration.calibrate import Progress, no_progress
 from npuc.passes.calibration.compare import Comparison
 
 
@@ -49,11 +50,11 @@ class LayerSensitivity:
                 "mean_sample_cosine": self.mean_sample_cosine}  # fmt: skip
 
 
-def layer_sensitivity(comparison: Comparison, layers: Sequence[str] | None = None,
-                      float_layers: Sequence[str] = ()) -> list[LayerSensitivity]:  # fmt: skip
+def layer_sensitivity(comparison: Comparison, layers: Sequence[str] | None = None, float_layers: Sequence[str] = (),
+                      progress: Progress | None = None) -> list[LayerSensitivity]:  # fmt: skip
     """Each int8 layer of `comparison` (or those of `layers`) measured alone in int8, the others (and the
     comparison's base_float, and `float_layers`) in the float fallback; most sensitive (lowest worst-output
-    cosine) first."""
+    cosine) first. `progress(label, total)` gives the callable each measured layer advances by one."""
     int8 = comparison.evaluate(float_layers, per_layer=True).int8_layers
     if layers is None:
         chosen = int8
@@ -65,10 +66,12 @@ def layer_sensitivity(comparison: Comparison, layers: Sequence[str] | None = Non
         chosen = list(layers)
     order = {op.outputs[0]: i for i, op in enumerate(comparison.graph.ops) if op.outputs}
     found = []
+    advance = (progress or no_progress)("int8 sensitivity", len(chosen))
     with float32_sums():  # a ranking: the bf16 sums need not be the TIU's (bf16_conv.py)
         for name in sorted(chosen, key=lambda n: order.get(n, len(order))):  # graph order: each run resumes the last
             report = comparison.evaluate([*float_layers, *(n for n in int8 if n != name)], per_layer=False)
             found.append(LayerSensitivity(name, float(report.output_cosine), float(report.mean_sample_cosine)))
+            advance(1)
     comparison.runs.clear()  # no later evaluation resumes a run made with those sums
     return sorted(found, key=lambda s: (s.output_cosine, s.mean_sample_cosine, s.layer))
 
