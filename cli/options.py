@@ -13,6 +13,7 @@ import typer
 from npuc.compiler.errors import UserError
 
 if TYPE_CHECKING:
+    from npuc.passes.calibration.calibrate import Progress
     from npuc.passes.calibration.preprocess import Preprocess
 
 Mean = Annotated[str, typer.Option("--mean", help="Per-channel mean subtracted from pixels (0..255 scale).")]
@@ -75,7 +76,7 @@ def split_names(text: str | None) -> list[str]:
     return [name.strip() for name in (text or "").split(",") if name.strip()]
 
 
-def progress_bar() -> tuple[Callable[[str, int], Callable[[int], None]], object | None]:
+def progress_bar() -> tuple[Progress, object | None]:
     """(start(label, total) -> advance(n), the bar to enter): a rich progress bar on a terminal; a no-op otherwise
     (quiet in Makefiles and CI)."""
     if not sys.stderr.isatty():
