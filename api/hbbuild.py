@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from npuc.api.hbcalib import calibrate_config, calibration_inputs
+from npuc.api.hbcalib import calibrate_config, calibration_inputs, config_feeds
 from npuc.compiler.errors import UserError
 from npuc.frontends.hbconfig import HbConfig
 from npuc.passes.calibration.calitable import read_table, write_table
@@ -29,6 +29,12 @@ def apply_config(
     options.setdefault("name", hb.output_prefix)
     options.setdefault("march", hb.march)
     options["hb_inputs"] = hb.inputs
+    if hb.per_channel and target == "bpu":  # the channel ranges are measured on the samples of the table
+        options.setdefault("act_scale", "channel")
+        options.setdefault("calib_feeds", lambda: config_feeds(hb))
+    elif hb.per_channel:
+        notes.append(f"{hb.source.name}: calibration_parameters.per_channel: target {target} has per-tensor "
+                     "activations (per-channel ones are the bpu target's), ignored")  # fmt: skip
     notes.extend(f"{hb.source.name}: {line}" for line in hb.ignored)
     if output is None or (calib is None and hb.cal_data_dir is not None):
         hb.working_dir.mkdir(parents=True, exist_ok=True)

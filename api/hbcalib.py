@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,19 @@ def _sample_to_input(path: Path, spec: InputConfig, raw_dtype: str | None = None
                           spec.space)  # fmt: skip
     value = normalize(pixels, *norm_vectors(spec.norm_type, spec.mean, spec.scale, pixels.shape[-1]))[None]
     return np.ascontiguousarray(value if spec.layout_train == "NHWC" else value.transpose(0, 3, 1, 2))
+
+
+def config_feeds(config: HbConfig) -> Iterator[dict[str, np.ndarray]]:
+    """cal_data_dir's samples as feeds of the config's one input, through its preprocessing, one at a time."""
+    if config.cal_data_dir is None:
+        raise UserError(f"{config.source}: calibration_parameters.cal_data_dir: is not set; per_channel measures "
+                        "each channel's range on the calibration samples")  # fmt: skip
+    if len(config.inputs) != 1:
+        raise UserError(f"{config.source}: calibration_parameters.per_channel: multi-input configs are not "
+                        "supported; set it to False")  # fmt: skip
+    spec = config.inputs[0]
+    for path in _sample_files(config, None):
+        yield {spec.name: _sample_to_input(path, spec, config.cal_data_type)}
 
 
 def calibrate_config(config: HbConfig, model: Path, limit: int | None = None) -> CalibrationTable:

@@ -9,6 +9,7 @@ Multi-input values are `;`-separated in `input_name` order. Relative paths (onnx
 cal_data_dir) are taken relative to the YAML file's folder, so a config works from any current directory.
 Calibration: `default` and `kl` use npuc's KL, `max` its max, and `max` with `max_percentile` < 1 npuc's
 percentile method at 100·max_percentile; `mix` runs as `default` (noted), `load` and `skip` are refused.
+`per_channel: True` makes the bpu build's activation scales per channel (backends/bpu/build.py, act_scale).
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ IGNORED_REASONS: Mapping[str, str] = MappingProxyType(
         "input_parameters.input_batch": "npuc compiles the model's batch as given",
         "calibration_parameters.cal_data_type": "read: raw sample files are this dtype; .npy/.npz keep their own",
         "calibration_parameters.preprocess_on": "npuc always decodes and resizes pictures itself",
-        "calibration_parameters.per_channel": "npuc's activations are per-tensor (weights are per-channel)",
         "calibration_parameters.run_on_cpu": "node placement is Horizon's compiler's; use --float-layers",
         "calibration_parameters.run_on_bpu": "node placement is Horizon's compiler's",
         "calibration_parameters.optimization": "npuc's outputs follow --quant-output",
@@ -113,6 +113,7 @@ class HbConfig:
     calibration_type: str
     max_percentile: float = 1.0
     cal_data_type: str | None = None  # dtype of raw sample files (hb_mapper's float32 / uint8 .bin/.rgb)
+    per_channel: bool = False  # activation scales per channel (the bpu target's act_scale=channel)
     ignored: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -193,6 +194,7 @@ def parse_config(data: Any, source: Path) -> HbConfig:
         calibration_type=cal["type"],
         max_percentile=cal["max_percentile"],
         cal_data_type=cal["data_type"],
+        per_channel=cal["per_channel"],
         ignored=tuple(ignored),
     )
 
@@ -427,15 +429,23 @@ def _calibration_parameters(g: dict, source: Path, base: Path, march: str, ignor
         if percentile <= 0.0:
             raise _err(source, f"{key}.max_percentile", "0 clips every value", "use a value such as 0.99999")
     cal_type = _text(g.get("cal_data_type")) or None
-    if "per_channel" in g and _bool(g["per_channel"]) and ctype == "default":
+    per_channel = "per_channel" in g and _bool(g["per_channel"])
+    if per_channel and ctype == "default":
         raise _err(source, f"{key}.per_channel", "is not available with calibration_type default", "use kl or max")
     if _text(g.get("optimization")) != "":
         allowed = OUTPUT_OPTIMIZATIONS[march]
         for part in _split(g["optimization"]):
             _choice(source, f"{key}.optimization", part, allowed)
     cal_dir = None if _text(g.get("cal_data_dir")) == "" else base / _text(g["cal_data_dir"])
-    _note_ignored(key, g, ("cal_data_dir", "calibration_type", "max_percentile", "cal_data_type"), ignored)
-    return {"type": ctype, "max_percentile": percentile, "dir": cal_dir, "data_type": cal_type}
+    honoured = ("cal_data_dir", "calibration_type", "max_percentile", "cal_data_type", "per_channel")
+    _note_ignored(key, g, honoured, ignored)
+    return {
+        "type": ctype,
+        "max_percentile": percentile,
+        "dir": cal_dir,
+        "data_type": cal_type,
+        "per_channel": per_channel,
+    }
 
 
 def _compiler_parameters(

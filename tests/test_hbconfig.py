@@ -103,6 +103,14 @@ def test_mix_is_noted_and_runs_as_default():
     assert "calibration_parameters.calibration_type: mix search is not implemented" in "\n".join(cfg.ignored)
 
 
+def test_per_channel_is_honoured_not_ignored():
+    on = parse_config(config(calibration_parameters__calibration_type="kl", calibration_parameters__per_channel=True),
+                      SOURCE)  # fmt: skip
+    assert on.per_channel and not any("per_channel" in line for line in on.ignored)
+    off = parse_config(config(calibration_parameters__per_channel=False), SOURCE)
+    assert not off.per_channel and not any("per_channel" in line for line in off.ignored)
+
+
 def test_unknown_keys_and_groups_are_reported_one_line_each():
     data = config(input_parameters__colour="rgb", compiler_parameters__core_num=2)
     data["extra_group"] = {"a": 1}

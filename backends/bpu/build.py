@@ -20,11 +20,18 @@ Options (BuildRequest.options):
   calib_method  kl (default), max, percentile, mse; calib_percentile for percentile
   march         bernoulli2 (default, X3/J3), bayes (J5) or bayes-e (X5), recorded in the contract
   qdq_form      exact (default) or plain: the form of the quantized ONNX
+  act_scale     tensor (default), channel or auto: activation scales per tensor (th/127), or per channel inside
+                the graph (hb_mapper's per_channel; min(th, 2 x channel max |x|)/127 from the calibration
+                samples' float run, passes/export/qdq.plan_per_channel), written in the plain form (the exact
+                form is npuc's per-tensor integer reference); auto measures both on the calibration samples
+                (`choose_act_scale`) and keeps the closer to the float model, the summary gives both cosines
+  calib_feeds   a callable giving the calibration feeds of an hb_mapper config (api/hbcalib.py), for act_scale
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +46,16 @@ from npuc.compiler.ir import Graph
 from npuc.compiler.sanitize import file_stem
 from npuc.compiler.targets import BuildRequest, BuildResult
 from npuc.frontends.hbconfig_schema import MARCHES
-from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate
+from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, plan_calibration
 from npuc.passes.calibration.calitable import CalibrationTable, read_table
-from npuc.passes.calibration.preprocess import Preprocess
+from npuc.passes.calibration.channel_split import channel_peaks
+from npuc.passes.calibration.preprocess import Preprocess, list_samples, load_sample
 from npuc.passes.export.qdq import (
     EXACT_NOTE,
     FORMS,
     InputPrologue,
     plan_from_quantized,
+    plan_per_channel,
     split_into_slices,
     thresholds_for_model,
     write_qdq,
@@ -65,6 +74,9 @@ from .contract import (
 
 CONTRACT_FILE = "hbdnn_contract.json"
 QUANTI_TYPES = ("scale", "shift")
+ACT_SCALES = ("tensor", "channel", "auto")
+AUTO_SAMPLES = 32  # act_scale=auto: the calibration samples it measures on (ranges from half, judged on the rest)
+AUTO_MIN_GAIN = 1e-3  # the mean output cosine per-channel scales must add to be kept
 MAX_SHIFT = 31
 IMAGE_TYPES = {"nv12": "IMG_NV12", "yuv444": "IMG_YUV444", "rgb": "IMG_RGB", "bgr": "IMG_BGR", "gray": "IMG_Y"}
 
@@ -81,6 +93,8 @@ class BpuOptions:
     calib_percentile: float
     march: str
     qdq_form: str = "exact"
+    act_scale: str = "tensor"
+    calib_feeds: Callable[[], Iterable[dict[str, np.ndarray]]] | None = None
 
     @classmethod
     def from_request(cls, request: BuildRequest) -> BpuOptions:
@@ -92,9 +106,17 @@ class BpuOptions:
         if march not in MARCHES:
             raise UserError(f"--option march={march}: use one of {', '.join(MARCHES)} (X3/J3, J5, X5)")
         data = o.get("calib_data") or ()
-        form = str(o.get("qdq_form", "exact")).lower()
+        act = str(o.get("act_scale", "tensor")).lower()
+        if act not in ACT_SCALES:
+            raise UserError(f"--option act_scale={act}: use one of {', '.join(ACT_SCALES)}")
+        form = str(o.get("qdq_form", "plain" if act == "channel" else "exact")).lower()
         if form not in FORMS:
             raise UserError(f"--option qdq_form={form}: use one of {', '.join(FORMS)}")
+        if (act == "channel" and form != "plain") or (act == "auto" and "qdq_form" in o and form != "plain"):
+            raise UserError(
+                f"--option act_scale={act} is written in the plain QDQ form (npuc's exact integer form has "
+                "per-tensor activations): drop --option qdq_form=exact or use act_scale=tensor"
+            )
         return cls(
             name=file_stem(str(o.get("name") or request.model_path.stem)),  # it names the output files
             hb_inputs=tuple(o.get("hb_inputs") or ()),
@@ -106,6 +128,8 @@ class BpuOptions:
             calib_percentile=float(o.get("calib_percentile", 99.99)),
             march=march,
             qdq_form=form,
+            act_scale=act,
+            calib_feeds=o.get("calib_feeds"),
         )
 
 
@@ -123,6 +147,72 @@ def calibration_table(request: BuildRequest, opts: BpuOptions) -> CalibrationTab
     options = CalibrationOptions(method=opts.calib_method, percentile=opts.calib_percentile)
     result = calibrate(request.model_path, list(opts.calib_data), Preprocess(), options, input_shapes=shapes)
     return result.table
+
+
+def calibration_feeds(request: BuildRequest, opts: BpuOptions) -> Iterable[dict[str, np.ndarray]]:
+    """The samples the per-channel ranges are measured on: the config's (calib_feeds), else calib_data's."""
+    if opts.calib_feeds is not None:
+        return opts.calib_feeds()
+    if not opts.calib_data:
+        raise UserError(
+            "--option act_scale=channel measures each channel's range on calibration samples: give "
+            "--option calib_data=FOLDER (or cal_data_dir in --config)"
+        )
+    g = request.graph
+    inputs = plan_calibration(request.model_path, {n: external_shape(g, n) for n in g.inputs}).inputs
+    return (load_sample(f, inputs, Preprocess()) for f in list_samples(list(opts.calib_data)))
+
+
+def activation_peaks(graph: Graph, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-channel max |x| of the graph's 4-D activations over `feeds`, one sample at a time (memory flat)."""
+    peaks: dict[str, np.ndarray] = {}
+    for feed in feeds:
+        for name, peak in channel_peaks(graph, [feed]).items():
+            peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
+    if not peaks:
+        raise UserError("--option act_scale=channel: the calibration data holds no sample")
+    return peaks
+
+
+def choose_act_scale(request: BuildRequest, graph: Graph, thresholds: ThresholdMap, qgraph: Graph,
+                     opts: BpuOptions, notes: list[str]) -> str:  # fmt: skip
+    """act_scale=auto: "channel" or "tensor", whichever plain QDQ model follows onnxruntime's float model closer
+    (mean output cosine over the outputs and the judged samples) on up to AUTO_SAMPLES calibration samples: the
+    channel ranges come from every other one, the others judge (a per-channel scale fits the samples it was
+    measured on, so it is judged on samples it did not see); per channel is kept only when it gains
+    AUTO_MIN_GAIN. Both models take float inputs here: an image input's HzPreprocess is the same for both."""
+    import onnxruntime as ort
+
+    feeds = list(itertools.islice(calibration_feeds(request, opts), AUTO_SAMPLES))
+    measured, judged = feeds[0::2], feeds[1::2]
+    if not judged:
+        raise UserError("--option act_scale=auto judges on samples the ranges were not measured on: give two or "
+                        "more calibration samples, or act_scale=tensor|channel")  # fmt: skip
+    candidates = {
+        "tensor": write_qdq(qgraph, plan_from_quantized(qgraph)),
+        "channel": write_qdq(graph, plan_per_channel(graph, thresholds, activation_peaks(graph, measured),
+                                                     opts.float_layers)),
+    }  # fmt: skip
+    reference = ort.InferenceSession(str(request.model_path), providers=["CPUExecutionProvider"])
+    wanted = [o.name for o in reference.get_outputs()]
+    truth = [reference.run(wanted, feed) for feed in judged]
+    score = {}
+    for act, model in candidates.items():
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = [session.run(wanted, feed) for feed in judged]
+        score[act] = float(np.mean([_cosine(a, b) for g, t in zip(got, truth) for a, b in zip(g, t)]))
+    chosen = "channel" if score["channel"] >= score["tensor"] + AUTO_MIN_GAIN else "tensor"
+    notes.append(
+        f"act_scale=auto: {chosen} kept (mean output cosine on {len(judged)} calibration samples the "
+        f"channel ranges did not see: per tensor {score['tensor']:.4f}, per channel {score['channel']:.4f})"
+    )
+    return chosen
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    norm = float(np.sqrt((a @ a) * (b @ b)))
+    return float(a @ b) / norm if norm > 0 else float(np.array_equal(a, b))
 
 
 def shift_for(threshold: float) -> int | None:
@@ -209,9 +299,23 @@ def prologues_for(inputs: Sequence[Any]) -> dict[str, InputPrologue]:
     return {cfg.name: InputPrologue(cfg.affine()) for cfg in inputs if cfg.is_image}
 
 
-def quantized_model(qgraph: Graph, opts: BpuOptions) -> onnx.ModelProto:
-    """The folder's quantized ONNX: exact integer form (outputs dequantized as q·scale) or plain QDQ."""
+def quantized_model(request: BuildRequest, graph: Graph, thresholds: ThresholdMap, qgraph: Graph,
+                    opts: BpuOptions, notes: list[str]) -> onnx.ModelProto:  # fmt: skip
+    """The folder's quantized ONNX: exact integer form (outputs dequantized as q·scale) or plain QDQ, per-tensor
+    (`qgraph`'s numbers) or with per-channel activations (`graph` and `thresholds`, ranges measured now)."""
     prologues = prologues_for(opts.hb_inputs)
+    act = (
+        choose_act_scale(request, graph, thresholds, qgraph, opts, notes)
+        if opts.act_scale == "auto"
+        else opts.act_scale
+    )
+    if act == "channel":
+        peaks = activation_peaks(graph, calibration_feeds(request, opts))
+        plan = plan_per_channel(graph, thresholds, peaks, opts.float_layers)
+        channels = sum(1 for scale in plan.act.values() if np.ndim(scale) == 1)
+        notes.append(f"activations per channel in {channels} of the {len(plan.act)} int8 tensors (plain QDQ form; "
+                     "the graph's inputs and outputs per tensor)")  # fmt: skip
+        return write_qdq(graph, plan, opts.name, prologues)
     if opts.qdq_form == "plain":
         return write_qdq(qgraph, plan_from_quantized(qgraph), opts.name, prologues)
     return write_qdq_exact(qgraph, opts.name, prologues, output_dequant="float32", note=f"npuc bpu int8; {EXACT_NOTE}")
@@ -227,10 +331,9 @@ def build_bpu(request: BuildRequest) -> BuildResult:
         raise UserError(f"config input(s) {unknown} are not model inputs {graph.inputs}; fix input_name")
     notes: list[str] = []
     table = calibration_table(request, opts)
-    qgraph = quantize(
-        graph, boundary_thresholds(graph, table, request.model_path, opts, notes), "cv18xx_int8", opts.float_layers
-    )
-    model = quantized_model(qgraph, opts)
+    thresholds = boundary_thresholds(graph, table, request.model_path, opts, notes)
+    qgraph = quantize(graph, thresholds, "cv18xx_int8", opts.float_layers)
+    model = quantized_model(request, graph, thresholds, qgraph, opts, notes)
     model_file = f"{opts.name}_quantized_model.onnx"
     contract = Contract(
         name=opts.name,
@@ -258,6 +361,7 @@ def build_bpu(request: BuildRequest) -> BuildResult:
             "inputs": len(contract.inputs),
             "outputs": len(contract.outputs),
         },
+        notes=list(notes),
         chip=opts.march,
         quant="int8",
     )

@@ -17,6 +17,8 @@ register_target(
             "quanti_type",
             "march",
             "qdq_form",
+            "act_scale",
+            "calib_feeds",
             "calib_data",
             "calib_method",
             "calib_percentile",
