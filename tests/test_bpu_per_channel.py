@@ -79,6 +79,8 @@ def test_channel_scales_stay_within_the_tensor_threshold(tmp_path, capsys):
         (["act_scale=auto", "qdq_form=exact"], "act_scale=auto is written in the plain QDQ form"),
         (["act_scale=row"], "act_scale=row: use one of tensor, channel, auto"),
         (["act_scale=channel"], "give --option calib_data=FOLDER"),
+        (["calib_feeds=x"], "come from an hb_mapper config: pass --config YAML"),
+        (["hb_inputs=x"], "come from an hb_mapper config: pass --config YAML"),
     ],
 )
 def test_per_channel_refusals(tmp_path, capsys, options, message):

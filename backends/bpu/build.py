@@ -45,6 +45,7 @@ from npuc.compiler.interp import external_shape
 from npuc.compiler.ir import Graph
 from npuc.compiler.sanitize import file_stem
 from npuc.compiler.targets import BuildRequest, BuildResult
+from npuc.frontends.hbconfig import InputConfig
 from npuc.frontends.hbconfig_schema import MARCHES
 from npuc.passes.calibration.calibrate import CalibrationOptions, calibrate, plan_calibration
 from npuc.passes.calibration.calitable import CalibrationTable, read_table
@@ -84,7 +85,7 @@ IMAGE_TYPES = {"nv12": "IMG_NV12", "yuv444": "IMG_YUV444", "rgb": "IMG_RGB", "bg
 @dataclass(frozen=True)
 class BpuOptions:
     name: str
-    hb_inputs: tuple[Any, ...]
+    hb_inputs: tuple[InputConfig, ...]
     quanti_type: str
     quant_output: bool
     float_layers: tuple[str, ...]
@@ -106,6 +107,10 @@ class BpuOptions:
         if march not in MARCHES:
             raise UserError(f"--option march={march}: use one of {', '.join(MARCHES)} (X3/J3, J5, X5)")
         data = o.get("calib_data") or ()
+        hb_inputs, feeds = tuple(o.get("hb_inputs") or ()), o.get("calib_feeds")
+        if not all(isinstance(cfg, InputConfig) for cfg in hb_inputs) or (feeds is not None and not callable(feeds)):
+            raise UserError("--option hb_inputs / calib_feeds come from an hb_mapper config: pass --config YAML "
+                            "instead")  # fmt: skip
         act = str(o.get("act_scale", "tensor")).lower()
         if act not in ACT_SCALES:
             raise UserError(f"--option act_scale={act}: use one of {', '.join(ACT_SCALES)}")
@@ -119,7 +124,7 @@ class BpuOptions:
             )
         return cls(
             name=file_stem(str(o.get("name") or request.model_path.stem)),  # it names the output files
-            hb_inputs=tuple(o.get("hb_inputs") or ()),
+            hb_inputs=hb_inputs,
             quanti_type=quanti,
             quant_output=bool(o.get("quant_output", False)),
             float_layers=tuple(o.get("float_layers") or ()),
@@ -129,7 +134,7 @@ class BpuOptions:
             march=march,
             qdq_form=form,
             act_scale=act,
-            calib_feeds=o.get("calib_feeds"),
+            calib_feeds=feeds,
         )
 
 
