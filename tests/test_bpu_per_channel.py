@@ -70,6 +70,10 @@ def test_channel_scales_stay_within_the_tensor_threshold(tmp_path, capsys):
     assert cosine(got, want) >= 0.99
     contract = json.loads((out / "hbdnn_contract.json").read_text())
     assert any("activations per channel" in line for line in contract["notes"])
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    cli(["build", str(SMALLCNN), "-t", "bpu", "-o", str(out), "--calib", str(GOLDEN / "smallcnn_cali_table.txt"),
+         "--option", f"calib_data={GOLDEN / 'smallcnn_cali_samples'}", "--option", "act_scale=channel"])  # fmt: skip
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # same inputs, same bytes
 
 
 @pytest.mark.parametrize(
