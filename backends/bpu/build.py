@@ -76,7 +76,9 @@ from .contract import (
 CONTRACT_FILE = "hbdnn_contract.json"
 QUANTI_TYPES = ("scale", "shift")
 ACT_SCALES = ("tensor", "channel", "auto")
-AUTO_SAMPLES = 32  # act_scale=auto: the calibration samples it measures on (ranges from half, judged on the rest)
+AUTO_SAMPLES = (
+    32  # act_scale=auto: the calibration samples it measures on (two folds: ranges of one half, the other judges)
+)
 AUTO_MIN_GAIN = 1e-3  # the mean output cosine per-channel scales must add to be kept
 MAX_SHIFT = 31
 IMAGE_TYPES = {"nv12": "IMG_NV12", "yuv444": "IMG_YUV444", "rgb": "IMG_RGB", "bgr": "IMG_BGR", "gray": "IMG_Y"}
@@ -182,34 +184,41 @@ def activation_peaks(graph: Graph, feeds: Iterable[dict[str, np.ndarray]]) -> di
 def choose_act_scale(request: BuildRequest, graph: Graph, thresholds: ThresholdMap, qgraph: Graph,
                      opts: BpuOptions, notes: list[str]) -> str:  # fmt: skip
     """act_scale=auto: "channel" or "tensor", whichever plain QDQ model follows onnxruntime's float model closer
-    (mean output cosine over the outputs and the judged samples) on up to AUTO_SAMPLES calibration samples: the
-    channel ranges come from every other one, the others judge (a per-channel scale fits the samples it was
-    measured on, so it is judged on samples it did not see); per channel is kept only when it gains
-    AUTO_MIN_GAIN. Both models take float inputs here: an image input's HzPreprocess is the same for both."""
+    (mean output cosine over the outputs and samples) on up to AUTO_SAMPLES calibration samples. A per-channel
+    scale fits the samples it was measured on, so it is judged on samples it did not see: two folds, the channel
+    ranges of each half judged on the other. Per channel is kept only when it gains AUTO_MIN_GAIN. Both models
+    take float inputs here: an image input's HzPreprocess is the same for both."""
     import onnxruntime as ort
 
     feeds = list(itertools.islice(calibration_feeds(request, opts), AUTO_SAMPLES))
-    measured, judged = feeds[0::2], feeds[1::2]
-    if not judged:
+    half = len(feeds) // 2
+    if half == 0:
         raise UserError("--option act_scale=auto judges on samples the ranges were not measured on: give two or "
                         "more calibration samples, or act_scale=tensor|channel")  # fmt: skip
-    candidates = {
-        "tensor": write_qdq(qgraph, plan_from_quantized(qgraph)),
-        "channel": write_qdq(graph, plan_per_channel(graph, thresholds, activation_peaks(graph, measured),
-                                                     opts.float_layers)),
-    }  # fmt: skip
     reference = ort.InferenceSession(str(request.model_path), providers=["CPUExecutionProvider"])
     wanted = [o.name for o in reference.get_outputs()]
-    truth = [reference.run(wanted, feed) for feed in judged]
-    score = {}
-    for act, model in candidates.items():
+
+    def cosines(model: onnx.ModelProto, judged: list[dict[str, np.ndarray]]) -> list[float]:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        got = [session.run(wanted, feed) for feed in judged]
-        score[act] = float(np.mean([_cosine(a, b) for g, t in zip(got, truth) for a, b in zip(g, t)]))
+        return [_cosine(a, b) for feed in judged
+                for a, b in zip(session.run(wanted, feed), reference.run(wanted, feed), strict=True)]  # fmt: skip
+
+    folds = ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half]))
+    per_channel = [
+        c
+        for measured, judged in folds
+        for c in cosines(
+            write_qdq(graph, plan_per_channel(graph, thresholds, activation_peaks(graph, measured), opts.float_layers)),
+            judged,
+        )
+    ]
+    score = {"tensor": float(np.mean(cosines(write_qdq(qgraph, plan_from_quantized(qgraph)), feeds))),
+             "channel": float(np.mean(per_channel))}  # fmt: skip
     chosen = "channel" if score["channel"] >= score["tensor"] + AUTO_MIN_GAIN else "tensor"
     notes.append(
-        f"act_scale=auto: {chosen} kept (mean output cosine on {len(judged)} calibration samples the "
-        f"channel ranges did not see: per tensor {score['tensor']:.4f}, per channel {score['channel']:.4f})"
+        f"act_scale=auto: {chosen} kept (mean output cosine on {len(feeds)} calibration samples, the channel "
+        f"ranges of each half judged on the other: per tensor {score['tensor']:.4f}, per channel "
+        f"{score['channel']:.4f})"
     )
     return chosen
 
