@@ -188,6 +188,25 @@ def npuc_int8_outputs(
     return np.concatenate([run(qgraph, feed, kernels=QUANT_KERNELS)[out] for feed in feeds])
 
 
+BPU_ACT_SCALES = ("tensor", "channel", "auto")  # the bpu export's --option act_scale
+
+
+def bpu_outputs(model: Path, table_folder: Path, feeds: Sequence[dict[str, np.ndarray]], folder: Path,
+                act: str) -> tuple[np.ndarray, list[str]]:  # fmt: skip
+    """`npuc build -t bpu --option act_scale=ACT --option qdq_form=plain` on the KL calibration's samples (its
+    table made again from them), the quantized ONNX run in onnxruntime: (outputs, build notes)."""
+    import onnxruntime as ort
+
+    import npuc
+
+    out = folder / f"bpu_{act}"
+    result = npuc.build(model, "bpu", out, options={"calib_data": str(table_folder), "act_scale": act,
+                                                    "qdq_form": "plain"})  # fmt: skip
+    (path,) = out.glob("*_quantized_model.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, feed)[0] for feed in feeds]), result.notes
+
+
 def ort_int8_outputs(
     model: Path, calib: Sequence[dict[str, np.ndarray]], feeds: Sequence[dict[str, np.ndarray]], folder: Path
 ) -> np.ndarray:
@@ -479,6 +498,10 @@ def measure(
             got = npuc_int8_outputs(model, table, feeds, chosen.float_layers)
             rows.append(score(f"npuc int8 + {len(chosen.float_layers)} bf16 layers", ref, got, 0.0))
             notes.append(f"auto-mixed {mixed}: {chosen.reason}; float layers {chosen.float_layers}")
+        for act in BPU_ACT_SCALES:
+            (got, built), t_bpu = _timed(lambda act=act: bpu_outputs(model, Path(tmp) / "calib", feeds, Path(tmp), act))
+            rows.append(score(f"npuc bpu export, act_scale={act} (plain QDQ, onnxruntime)", ref, got, t_bpu))
+            notes += [f"bpu export: {line}" for line in built if line.startswith("act_scale=auto")]
         got, t_ort = _timed(lambda: ort_int8_outputs(model, calib, feeds, Path(tmp)))
         rows.append(score("onnxruntime quantize_static QDQ", ref, got, t_ort))
     return rows, notes
