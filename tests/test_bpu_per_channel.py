@@ -42,8 +42,9 @@ def _session(folder: Path) -> ort.InferenceSession:
 
 def test_channel_scales_stay_within_the_tensor_threshold(tmp_path, capsys):
     out = tmp_path / "small"
-    cli(["build", str(SMALLCNN), "-t", "bpu", "-o", str(out), "--calib", str(GOLDEN / "smallcnn_cali_table.txt"),
-         "--option", f"calib_data={GOLDEN / 'smallcnn_cali_samples'}", "--option", "act_scale=channel"])  # fmt: skip
+    build = ["build", str(SMALLCNN), "-t", "bpu", "-o", str(out), "--calib", str(GOLDEN / "smallcnn_cali_table.txt"),
+             "--option", f"calib_data={GOLDEN / 'smallcnn_cali_samples'}", "--option", "act_scale=channel"]  # fmt: skip
+    cli(build)
     printed = capsys.readouterr().out
     assert "activations per channel in" in printed and "plain QDQ form" in printed
     (path,) = out.glob("*_quantized_model.onnx")
@@ -71,8 +72,7 @@ def test_channel_scales_stay_within_the_tensor_threshold(tmp_path, capsys):
     contract = json.loads((out / "hbdnn_contract.json").read_text())
     assert any("activations per channel" in line for line in contract["notes"])
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    cli(["build", str(SMALLCNN), "-t", "bpu", "-o", str(out), "--calib", str(GOLDEN / "smallcnn_cali_table.txt"),
-         "--option", f"calib_data={GOLDEN / 'smallcnn_cali_samples'}", "--option", "act_scale=channel"])  # fmt: skip
+    cli(build)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # same inputs, same bytes
 
 

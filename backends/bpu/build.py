@@ -62,6 +62,7 @@ from npuc.passes.export.qdq import (
     write_qdq,
     write_qdq_exact,
 )
+from npuc.passes.quantization.qsim import output_cosines
 from npuc.passes.quantization.quantize import ThresholdMap, quantize
 
 from .contract import (
@@ -197,22 +198,19 @@ def choose_act_scale(request: BuildRequest, graph: Graph, thresholds: ThresholdM
                         "more calibration samples, or act_scale=tensor|channel")  # fmt: skip
     reference = ort.InferenceSession(str(request.model_path), providers=["CPUExecutionProvider"])
     wanted = [o.name for o in reference.get_outputs()]
+    truth = [reference.run(wanted, feed) for feed in feeds]
 
-    def cosines(model: onnx.ModelProto, judged: list[dict[str, np.ndarray]]) -> list[float]:
+    def cosines(model: onnx.ModelProto, judged: range) -> list[float]:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        return [_cosine(a, b) for feed in judged
-                for a, b in zip(session.run(wanted, feed), reference.run(wanted, feed), strict=True)]  # fmt: skip
+        return [float(output_cosines(np.asarray(want)[None], np.asarray(got)[None])[0]) for i in judged
+                for want, got in zip(truth[i], session.run(wanted, feeds[i]), strict=True)]  # fmt: skip
 
-    folds = ((feeds[:half], feeds[half:]), (feeds[half:], feeds[:half]))
-    per_channel = [
-        c
-        for measured, judged in folds
-        for c in cosines(
-            write_qdq(graph, plan_per_channel(graph, thresholds, activation_peaks(graph, measured), opts.float_layers)),
-            judged,
-        )
-    ]
-    score = {"tensor": float(np.mean(cosines(write_qdq(qgraph, plan_from_quantized(qgraph)), feeds))),
+    first, second = range(half), range(half, len(feeds))
+    per_channel: list[float] = []
+    for measured, judged in ((first, second), (second, first)):
+        peaks = activation_peaks(graph, (feeds[i] for i in measured))
+        per_channel += cosines(write_qdq(graph, plan_per_channel(graph, thresholds, peaks, opts.float_layers)), judged)
+    score = {"tensor": float(np.mean(cosines(write_qdq(qgraph, plan_from_quantized(qgraph)), range(len(feeds))))),
              "channel": float(np.mean(per_channel))}  # fmt: skip
     chosen = "channel" if score["channel"] >= score["tensor"] + AUTO_MIN_GAIN else "tensor"
     notes.append(
@@ -221,12 +219,6 @@ def choose_act_scale(request: BuildRequest, graph: Graph, thresholds: ThresholdM
         f"{score['channel']:.4f})"
     )
     return chosen
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    norm = float(np.sqrt((a @ a) * (b @ b)))
-    return float(a @ b) / norm if norm > 0 else float(np.array_equal(a, b))
 
 
 def shift_for(threshold: float) -> int | None:
