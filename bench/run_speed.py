@@ -29,6 +29,13 @@ Measured (two shared, busy cores; CPU s, npuc / vendor), before -> after the sim
 The simulation is faster than the vendor's on every model here (golden sets included); a small model's
 `npuc run` process is not: of its ~0.4 s, numpy's import is 0.10 s (the vendor runner pays it too) and
 typer's is 0.15 s (typer >= 0.2x builds its option converters with pydantic), against the vendor's 0.17 s.
+Since typer is held below 0.27 (no pydantic), `npuc run` on an artifact starts no OpenBLAS thread pool (the
+simulators compute on one BLAS thread), a command line loads only its command's module, and the VLC decoder
+finds each block's 16 unary ends by lowest-set-bit steps (26 -> 17 ms for 300 K int8 weights), AVX-512 machine,
+`--models onet_int8,onet_bf16,pplcnet_int8 --repeat 5` (npuc run / vendor): onet_int8 0.49 -> 0.32-0.33 / 0.30-0.31,
+onet_bf16 0.58 -> 0.36-0.39 / 0.36-0.37, pplcnet_int8 0.67 / 1.58; simulator only 0.05 / 0.10, 0.05 / 0.17,
+0.32 / 1.35. What is left of a small model's process: interpreter + numpy 0.11 s, typer 0.03, npuc's modules
+0.05, parse + read + simulate + write 0.10 (min of 8 runs).
 """
 
 from __future__ import annotations

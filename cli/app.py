@@ -8,19 +8,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 
 import typer
 
 from npuc.compiler.errors import UserError
 
-app = typer.Typer(
-    name="npuc",
-    help="Compile ONNX models into vendor NPU artifacts, and inspect, run and compare them.",
-    no_args_is_help=True,
-    add_completion=True,  # `npuc --install-completion` / `--show-completion` for bash, zsh, fish
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain help: rendering it with rich costs ~0.5 s of imports on every --help
-)
+COMMAND_MODULES = ("targets", "inspect", "run", "build", "calibrate", "compare", "export")  # each registers its name
 
 
 def _version(value: bool) -> None:
@@ -31,7 +25,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print npuc's version and exit."
@@ -40,11 +33,20 @@ def _main(
     """Compile ONNX models into vendor NPU artifacts, and inspect, run and compare them."""
 
 
-# Each module registers its commands on `app` when imported.
-COMMAND_MODULES = ("targets", "inspect", "run", "build", "calibrate", "compare", "export")
-
-for _module in COMMAND_MODULES:
-    importlib.import_module(f"npuc.cli.{_module}").register(app)
+def build_app(commands: Sequence[str] = COMMAND_MODULES) -> typer.Typer:
+    """The typer app with `commands` (modules of npuc.cli, each registering the command of its name)."""
+    app = typer.Typer(
+        name="npuc",
+        help="Compile ONNX models into vendor NPU artifacts, and inspect, run and compare them.",
+        no_args_is_help=True,
+        add_completion=True,  # `npuc --install-completion` / `--show-completion` for bash, zsh, fish
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,  # plain help: rendering it with rich costs ~0.5 s of imports on every --help
+    )
+    app.callback()(_main)
+    for module in commands:
+        importlib.import_module(f"npuc.cli.{module}").register(app)
+    return app
 
 
 def fail(message: str, code: int) -> None:
@@ -58,8 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     typer reports usage errors itself (exit 2); npuc's UserError becomes one line and exit 2; anything else
     is a bug in npuc: one line and exit 1.
     """
+    args = sys.argv[1:] if argv is None else list(argv)
+    # a command named first needs only its own module: typer converts every registered command's parameters
+    # on each call (~0.04 s of a small model's `npuc run`); anything else (--help, --version, a typo) gets all
+    commands = args[:1] if args[:1] and args[0] in COMMAND_MODULES else COMMAND_MODULES
     try:
-        app(args=argv, prog_name="npuc")
+        build_app(commands)(args=args, prog_name="npuc")
     except UserError as exc:
         fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:

@@ -235,14 +235,22 @@ class _BlockCodes:
         ulen = self.ulen[blocks][coded]
         unary = _shift_right(low, high, BLOCK * kc + self.zero_count_bits[blocks][coded])
         unary &= (np.uint64(1) << (ulen + BLOCK).astype(np.uint64)) - np.uint64(1)
-        rows, ends = np.nonzero(np.unpackbits(unary.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little"))
-        counts = np.bincount(rows, minlength=len(kc))
-        if np.any(counts != BLOCK):
-            bad = int(blocks[coded][np.flatnonzero(counts != BLOCK)[0]])
-            raise CorruptFileError(f"{where}: VLC block {bad} does not code 16 symbols")
-        quotient = np.diff(ends.reshape(-1, BLOCK), axis=1, prepend=-1) - 1
+        quotient, previous = np.empty((len(kc), BLOCK), np.int64), np.full(len(kc), -1, np.int64)
+        for j in range(BLOCK):  # symbol j's quotient: the zeros before the next set bit of the unary field
+            lowest = unary & (~unary + np.uint64(1))
+            if not lowest.all():
+                _not_16_symbols(blocks[coded], lowest == 0, where)
+            at = np.frexp(lowest.astype(np.float64))[1] - 1  # a power of two converts exactly
+            quotient[:, j], previous = at - previous - 1, at
+            unary ^= lowest
+        if unary.any():
+            _not_16_symbols(blocks[coded], unary != 0, where)
         out[coded] = ((quotient << kc[:, None]) + remainder) & 0xFF
         return out
+
+
+def _not_16_symbols(blocks: np.ndarray, bad: np.ndarray, where: str) -> None:
+    raise CorruptFileError(f"{where}: VLC block {int(blocks[np.flatnonzero(bad)[0]])} does not code 16 symbols")
 
 
 def _zero_symbols(word: int, order: int, ulen: int) -> int:
