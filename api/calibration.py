@@ -165,6 +165,8 @@ def calibrate(
                                         may_fit)  # fmt: skip
         result, patterns, refinement = auto_run.result, auto_run.patterns, auto_run.refinement()
         done.details += [auto_run.choice.summary(), auto_run.fit.summary()]
+        if auto_run.copies_note:
+            done.notes.append(auto_run.copies_note)
         if searched_on_report:
             target_cos = target_cos or DEFAULT_TARGET_COS
             held_out = auto_run.report_files

@@ -35,6 +35,7 @@ class AutoCalibration:
     fit: Any
     report_files: list[Path]
     patterns: dict[str, list[str]]
+    copies_note: str = ""  # report samples that are near copies of table samples (near_copies.py), said aloud
 
     def refinement(self) -> Any:
         """The side file's content when the fitted candidate was kept, else None."""
@@ -135,6 +136,7 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
         choose_tensor_methods,
         evaluation_picks,
     )
+    from npuc.passes.calibration.near_copies import copies_note
     from npuc.passes.calibration.preprocess import list_samples, load_sample
 
     files = list_samples(data, limit)
@@ -184,7 +186,8 @@ def calibrate_auto(run: Any, model: Path, data: Any, limit: int | None, frozen: 
         layers = list(dict.fromkeys(n for found in patterns.values() for n in found))
         fitted = replace(fitted, refinement=fitting.refit, groupings=fitting.groupings)
     result = replace(fitted, stats=stats, table=table, samples=len(used), seconds=time.perf_counter() - start)
-    return AutoCalibration(result, choice, fitting, report, patterns)
+    note = copies_note(report, used, lambda f: load_sample(f, plan.inputs, pre)) if report else ""
+    return AutoCalibration(result, choice, fitting, report, patterns, note)
 
 
 def closing_report(model: Path, table: Any, report_files: list[Path], pre: Any, shapes: dict, refinement: Any,
