@@ -204,6 +204,19 @@ def test_help_loads_no_numpy_onnx_or_passes():
     assert run.stdout.strip() == "[]", run.stdout
 
 
+def test_a_command_line_loads_only_its_command_and_no_pydantic():
+    """`npuc targets` builds the app with its own module alone (typer converts every registered command's
+    parameters on each call), and typer is one that needs no pydantic (pyproject pins it below 0.27)."""
+    others = tuple(f"npuc.cli.{m}" for m in cli.COMMAND_MODULES if m != "targets")
+    code = (
+        "import contextlib, io, sys\nfrom npuc.cli.app import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n    main(['targets'])\n"
+        f"print(sorted(m for m in {others + ('pydantic',)!r} if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", run.stdout
+
+
 def test_targets_lists_every_target_honestly():
     result = npuc("targets", "--json")
     assert result.returncode == 0
