@@ -467,6 +467,30 @@ def test_auto_method_keeps_the_fit_only_when_it_wins_on_samples_it_never_saw(tmp
     assert not side_file(tmp_path / "t.txt").exists()
 
 
+def test_a_budget_too_small_for_the_full_fit_tries_the_channel_split_alone(tmp_path: Path) -> None:
+    """A budget that prices the full fit (split + tune + refit) below FIT_MIN_SAMPLES samples but the split alone
+    above it (a large model's case) measures the split alone on the samples it affords, and only it."""
+    import npuc
+    from npuc.frontends.onnx import import_onnx
+    from npuc.passes.calibration import fit_choice as fc
+    from npuc.passes.calibration.method_choice import reference_seconds
+    from npuc.passes.rewrite.canonicalize import canonicalize
+
+    graph = import_onnx(MODEL)
+    canonicalize(graph)
+    seconds = reference_seconds(graph)
+    budget = fc.FIT_MIN_SAMPLES * seconds * (fc.FIT_REFERENCE_RUNS + fc.LEAN_REFERENCE_RUNS) / 2
+    assert fc.fit_sample_count(seconds, 100, budget) < fc.FIT_MIN_SAMPLES
+    lean = fc.fit_sample_count(seconds, 100, budget, fc.LEAN_REFERENCE_RUNS)
+    assert lean >= fc.FIT_MIN_SAMPLES
+    done = npuc.calibrate(MODEL, [SAMPLES], tmp_path / "t.txt", budget=budget)
+    (fit,) = [d for d in done.details if d.startswith("sample fits")]
+    assert "samples they never saw: plain " in fit and ", split " in fit, fit
+    assert ", tune " not in fit and "split/tune/refit" not in fit
+    fitted = int(fit.removeprefix("sample fits on ").split()[0])
+    assert fc.FIT_MIN_SAMPLES <= fitted <= lean
+
+
 def test_files_a_run_writes_are_never_its_samples_and_compare_reads_the_side_file(tmp_path: Path) -> None:
     """A table written into its own sample folder (with its .refine.npz) does not become a sample of the next
     run; `npuc compare --calib TABLE` measures the graph the build makes from TABLE's side file."""
