@@ -21,6 +21,7 @@ from npuc.backends.bpu.contract import (
     contract_to_json,
     make_properties,
 )
+from npuc.backends.bpu.qdq_runtime import qdq_session
 from npuc.cli.app import main
 from npuc.compiler.artifacts import ArtifactOptions, detect
 from npuc.compiler.errors import CorruptFileError, UserError
@@ -198,7 +199,7 @@ def test_featuremap_build_with_shift_boundaries(tmp_path, capsys):
     codes = horizon_shift_quantize(feed, np.array(inp.shift_data), "s8")
     from_codes = kind.run(out, {"input": codes}, ArtifactOptions())["output"]
     assert from_float.dtype == np.int8 and np.array_equal(from_float, from_codes)
-    session = ort.InferenceSession(str(out / c.model_file), providers=["CPUExecutionProvider"])
+    session = qdq_session(str(out / c.model_file))
     dequantized = session.run(None, {"input": feed})[0]
     assert np.array_equal(horizon_shift_dequantize(from_float, np.array(outp.shift_data)), dequantized)
     cli(["inspect", str(out)])
@@ -286,7 +287,7 @@ def test_yaml_config_builds_for_bpu(pplcnet_build, capsys):
     assert inp["validShape"] == inp["alignedShape"] == [1, 3, 224, 224]
     assert (inp["alignedByteSize"], inp["stride"], inp["quantiType"]) == (75264, [0, 0, 0, 0], "NONE")
     assert (outp["tensorType"], outp["tensorTypeValue"], outp["validShape"]) == ("F32", 13, [1, 4])
-    model = ort.InferenceSession(str(out / "pplcnet_quantized_model.onnx"), providers=["CPUExecutionProvider"])
+    model = qdq_session(str(out / "pplcnet_quantized_model.onnx"))
     (model_input,) = model.get_inputs()
     assert (model_input.type, model_input.shape) == ("tensor(int8)", [1, 224, 224, 3])
     first = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -449,7 +450,7 @@ def test_featuremap_model_is_npuc_int8_bit_for_bit(tmp_path, capsys):
         cli(["build", str(GOLDEN / "smallcnn.onnx"), "-t", "bpu", "--calib", str(table), "-o", str(out),
              "--option", f"qdq_form={form}"])  # fmt: skip
         c = bpu_artifact.read_contract(out)
-        session = ort.InferenceSession(str(out / c.model_file), providers=["CPUExecutionProvider"])
+        session = qdq_session(str(out / c.model_file))
         outputs[form] = [session.run(None, {"input": x})[0] for x in feeds]
     scale = np.float32(c.outputs[0].scale_data[0]) if c.outputs[0].scale_data else None
     for x, exact, plain in zip(feeds, outputs["exact"], outputs["plain"]):
@@ -475,7 +476,7 @@ def test_nv12_model_is_npuc_int8_bit_for_bit(pplcnet_build, real_model):
     path = real_model("pplcnet_orientation")
     qgraph = _reference(path, root / "model_output" / "pplcnet_cali_table.txt", {"x": (1, 3, 224, 224)})
     affine = load_config(config).inputs[0].affine()
-    session = ort.InferenceSession(str(out / "pplcnet_quantized_model.onnx"), providers=["CPUExecutionProvider"])
+    session = qdq_session(str(out / "pplcnet_quantized_model.onnx"))
     for picture in _pictures()[8:16]:
         pixels = nv12_to_yuv444_int8(rgb_to_nv12(picture))
         ref = run(qgraph, {"x": affine.apply(pixels, channel_axis=-1).transpose(0, 3, 1, 2)}, kernels=QUANT_KERNELS)

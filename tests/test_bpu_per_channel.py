@@ -5,6 +5,7 @@ real pictures the calibration did not see against the per-tensor export."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from onnx import numpy_helper
 from test_bpu import cli, pplcnet_build  # noqa: F401 - the YAML build fixture
 
 import npuc
+from npuc.backends.bpu.qdq_runtime import qdq_session
 from npuc.cli.app import main
 from npuc.frontends.onnx import import_onnx
 from npuc.models.fetch import REAL_MODELS
@@ -36,8 +38,9 @@ def _quantize_scales(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _session(folder: Path) -> ort.InferenceSession:
+    """The export as the BPU computes it: QDQ unfused (onnxruntime's fused x86 int8 kernels saturate without VNNI)."""
     (path,) = folder.glob("*_quantized_model.onnx")
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return qdq_session(str(path))
 
 
 def test_channel_scales_stay_within_the_tensor_threshold(tmp_path, capsys):
@@ -123,6 +126,22 @@ def test_per_channel_lifts_pplcnet_on_unseen_pictures(real_model, tmp_path):
     channel, _ = _build_and_judge(model, "pplcnet_orientation", tmp_path, 16, "channel", "plain")
     # measured: per tensor 0.9927 (the exact form too), per channel 0.9962 (headroom 1: 0.9974)
     assert channel[0] >= 0.995 and channel[0] >= tensor[0] + 0.002, (tensor, channel)
+
+
+def test_the_judging_session_runs_the_qdq_pairs_unfused(real_model, tmp_path):
+    """R-Net's per-tensor plain export is what onnxruntime fuses into QLinearConv/QGemm (int16 pair sums that
+    saturate on CPUs without VNNI); the session that judges exports keeps every Conv/Gemm in float between its
+    Quantize/DequantizeLinear pairs, the same on every host."""
+    _build_and_judge(real_model("mtcnn_rnet"), "mtcnn_rnet", tmp_path, 2, "tensor", "plain")
+    (path,) = (tmp_path / "tensor_plain").glob("*_quantized_model.onnx")
+    fused, unfused = tmp_path / "fused.onnx", tmp_path / "unfused.onnx"
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(fused)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    qdq_session(str(path), optimized_to=str(unfused))
+    ops = {name: Counter(n.op_type for n in onnx.load(name).graph.node) for name in (fused, unfused)}
+    assert ops[fused]["QLinearConv"] > 0, ops[fused]  # the default level fuses this export
+    assert ops[unfused]["QLinearConv"] == ops[unfused]["QGemm"] == 0 and ops[unfused]["Conv"] == 3, ops[unfused]
 
 
 def test_headroom_keeps_rnet_where_per_tensor_is(real_model, tmp_path):

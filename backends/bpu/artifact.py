@@ -25,6 +25,7 @@ from npuc.frontends.colorspace import nv12_to_yuv444, to_int8_128
 
 from .build import CONTRACT_FILE
 from .contract import Contract, TensorProperties, contract_from_json
+from .qdq_runtime import qdq_session
 
 MAX_CONTRACT_BYTES = 4 << 20
 
@@ -78,15 +79,11 @@ def _describe(path: Path, options: ArtifactOptions) -> str:
 
 
 def _session(folder: Path, c: Contract):  # noqa: ANN202 - onnxruntime session
-    import onnxruntime as ort
-
     model = folder / c.model_file
     if not model.is_file():
         raise CorruptFileError(f"{folder}: {c.model_file} named by the contract is missing; rebuild the folder")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     try:
-        return ort.InferenceSession(model.read_bytes(), options, providers=["CPUExecutionProvider"])
+        return qdq_session(model.read_bytes())
     except Exception as exc:  # onnxruntime's exception types are not importable by name
         raise CorruptFileError(f"{model}: onnxruntime cannot load it ({str(exc)[:160]}); rebuild") from None
 

@@ -73,6 +73,7 @@ from .contract import (
     contract_to_json,
     make_properties,
 )
+from .qdq_runtime import qdq_session
 
 CONTRACT_FILE = "hbdnn_contract.json"
 QUANTI_TYPES = ("scale", "shift")
@@ -185,9 +186,10 @@ def activation_peaks(graph: Graph, feeds: Iterable[dict[str, np.ndarray]]) -> di
 def choose_act_scale(request: BuildRequest, graph: Graph, thresholds: ThresholdMap, qgraph: Graph,
                      opts: BpuOptions, notes: list[str]) -> str:  # fmt: skip
     """act_scale=auto: "channel" or "tensor", whichever plain QDQ model follows onnxruntime's float model closer
-    (mean output cosine over the outputs and samples) on up to AUTO_SAMPLES calibration samples. A per-channel
-    scale fits the samples it was measured on, so it is judged on samples it did not see: two folds, the channel
-    ranges of each half judged on the other. Per channel is kept only when it gains AUTO_MIN_GAIN. Both models
+    (mean output cosine over the outputs and samples) on up to AUTO_SAMPLES calibration samples, each export run
+    unfused (qdq_runtime: the BPU's int32 sums, not a host kernel's saturation). A per-channel scale fits the
+    samples it was measured on, so it is judged on samples it did not see: two folds, the channel ranges of each
+    half judged on the other. Per channel is kept only when it gains AUTO_MIN_GAIN. Both models
     take float inputs here: an image input's HzPreprocess is the same for both."""
     import onnxruntime as ort
 
@@ -201,7 +203,7 @@ def choose_act_scale(request: BuildRequest, graph: Graph, thresholds: ThresholdM
     truth = [reference.run(wanted, feed) for feed in feeds]
 
     def cosines(model: onnx.ModelProto, judged: range) -> list[float]:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = qdq_session(model.SerializeToString())
         return [float(output_cosines(np.asarray(want)[None], np.asarray(got)[None])[0]) for i in judged
                 for want, got in zip(truth[i], session.run(wanted, feeds[i]), strict=True)]  # fmt: skip
 
