@@ -39,7 +39,7 @@ def test_row_windows_read_the_halo_and_the_padding() -> None:
 
 def test_tiles_of_a_conv_chain_grow_the_halo(tmp_path: Path) -> None:
     graph = _graph(tmp_path, lambda b: b.conv(b.op("Relu", b.conv("input", 4, 8)), 8, 8))
-    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 4, set())
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 4, set())
     (group,) = units
     assert isinstance(group, LayerGroup) and len(group.ops) == 2 and group.inputs == ["input"]
     assert group.output == "output" and len(group.internal) == 1
@@ -62,23 +62,23 @@ def test_a_residual_block_closes_only_at_the_add(tmp_path: Path) -> None:
         return b.op("Add", x, b.conv(b.op("Relu", b.conv(x, 4, 4)), 4, 4))
 
     graph = _graph(tmp_path, block)
-    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 16, set())
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 16, set())
     (group,) = units
     assert [op.kind for op in group.ops] == ["conv2d", "conv2d", "conv2d", "eltwise"]
     tile = next(iter(group.tiles(graph)))
     x = group.ops[0].outputs[0]
     assert tile.rows[x] == (0, 16)  # the add and the 3x3 conv read it; the union is kept
     # a pinned tensor (a model output, a CPU operand) must reach gmem: no group may hide it
-    split = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 16, {x})
+    split = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 16, {x})
     assert isinstance(split[0], type(graph.ops[0])) and split[0].outputs == [x]
     assert isinstance(split[1], LayerGroup) and split[1].inputs == [x]
 
 
 def test_nothing_fits_leaves_plain_ops(tmp_path: Path) -> None:
     graph = _graph(tmp_path, lambda b: b.conv(b.conv("input", 4, 8), 8, 8))
-    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 0, set())
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 0, set())
     assert units == graph.ops
-    units = form_groups(graph, graph.ops, lambda op: False, lambda g: 4, set())
+    units = form_groups(graph, graph.ops, lambda op: False, lambda g, hint: 4, set())
     assert units == graph.ops
 
 
@@ -104,15 +104,26 @@ def test_a_cost_cuts_a_group_where_its_pieces_cost_less(tmp_path: Path) -> None:
         # rows computed (halos included), plus 20 per tensor a unit moves through DDR (its output)
         return (recomputed(unit) if isinstance(unit, LayerGroup) else rows(unit)) + 20
 
-    (whole,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 2, set())
-    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 2, set(), cost=cost)
+    fitted: list[tuple[tuple[str, ...], int | None]] = []
+
+    def two_rows(group: LayerGroup, hint: int | None) -> int:
+        fitted.append((tuple(op.name for op in group.ops), hint))
+        return 2
+
+    (whole,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 2, set())
+    form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, two_rows, set(), cost=cost)
+    runs = [run for run, _ in fitted]
+    assert len(runs) == len(set(runs)) > 1  # the greedy growth and the cuts share every run they fitted
+    assert fitted[0][1] is None and {hint for _, hint in fitted[1:]} == {2}  # then the last height as tall got
+    priced.clear()
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 2, set(), cost=cost)
     assert len(priced) == len(set(priced)) > 1  # every piece priced once
     assert len(units) > 1 and [op for u in units for op in getattr(u, "ops", [u])] == whole.ops
     assert sum(map(cost, units)) < cost(whole)
     # a cost that never pays for a cut keeps the greedy group
-    assert form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 2, set(), cost=lambda u: 1.0) == [
-        whole
-    ]
+    assert form_groups(
+        graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 2, set(), cost=lambda u: 1.0
+    ) == [whole]
 
     def block(b: NetBuilder) -> str:
         x = b.op("Relu", b.conv("input", 4, 4))
@@ -122,7 +133,7 @@ def test_a_cost_cuts_a_group_where_its_pieces_cost_less(tmp_path: Path) -> None:
     # smaller groups are cheaper, a plain op costs 3: the cheapest pieces would be [conv, conv] + [conv, add] (8),
     # but the first pair hides x, which the add reads: not a piece. So [conv], then [conv, conv, add] cut again.
     squares = lambda unit: len(unit.ops) ** 2 if isinstance(unit, LayerGroup) else 3  # noqa: E731
-    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 16, set(), cost=squares)
+    units = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 16, set(), cost=squares)
     assert units[:2] == graph.ops[:2] and isinstance(units[2], LayerGroup)
     assert [op.kind for op in units[2].ops] == ["conv2d", "eltwise"] and units[2].inputs == [
         graph.ops[1].outputs[0],
@@ -132,7 +143,7 @@ def test_a_cost_cuts_a_group_where_its_pieces_cost_less(tmp_path: Path) -> None:
 
 def test_batch_steps_group_items_and_cover_the_batch(tmp_path: Path) -> None:
     graph = _graph(tmp_path, lambda b: b.conv(b.op("Relu", b.conv("input", 4, 8)), 8, 8), shape=(3, 4, 16, 12))
-    (group,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g: 8, set())
+    (group,) = form_groups(graph, graph.ops, lambda op: op.kind in GROUPABLE, lambda g, hint: 8, set())
     assert [(t.batch, t.count, t.rows["output"]) for t in group.tiles(graph)] == [
         (b, 1, r) for b in range(3) for r in ((0, 8), (8, 16))
     ]
@@ -175,7 +186,7 @@ def test_target_records_with_their_own_windows() -> None:
     def window(graph, rec):  # noqa: ANN001, ANN202
         return RowWindow(rec.kernel, rec.stride)
 
-    (group,) = form_groups(view, recs, lambda r: True, lambda g: 3, set(), window)
+    (group,) = form_groups(view, recs, lambda r: True, lambda g, hint: 3, set(), window)
     assert group.inputs == ["x"] and group.internal == ["a", "b"] and group.output == "y"
     tile = list(group.tiles(view))[1]
     assert tile.rows == {"y": (3, 6), "a": (3, 6), "b": (3, 6), "x": (6, 13)}
@@ -183,3 +194,15 @@ def test_target_records_with_their_own_windows() -> None:
     lone = make_group(view, recs[:1], window)
     assert (lone.inputs, lone.output, lone.internal) == (["x"], "a", [])
     assert next(iter(lone.tiles(view, 9))).rows["x"] == (0, 19)
+
+
+def test_largest_fit_gives_the_same_answer_whatever_the_hint() -> None:
+    from npuc.backends.cv18xx.kernels.tiling import largest_fit
+
+    for answer in range(0, 9):
+        for hint in [None, *range(0, 10)]:
+            calls: list[int] = []
+            fits = lambda t: calls.append(t) or t <= answer  # noqa: B023, E731
+            assert largest_fit(8, fits, hint) == answer, (answer, hint)
+            if hint == answer and answer > 0:
+                assert len(calls) <= 2  # a right hint: itself and the one above it

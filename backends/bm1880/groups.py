@@ -374,7 +374,7 @@ def form_units(net: LoweredNet, opt: str) -> list[Unit]:
     resident = opt != "layer-group"
     view = NetView(net)
 
-    def rows_that_fit(group: LayerGroup) -> int:
+    def rows_that_fit(group: LayerGroup, hint: int | None) -> int:  # fit_unit's search is its own: no hint
         unit = Unit(group, resident=resident)
         rows = fit_unit(net, unit)
         return rows if resident or _reloads_pay(net, unit) else 0

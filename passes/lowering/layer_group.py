@@ -11,8 +11,9 @@ pieces cost less than the whole (`_cheapest_pieces`).
 
 This module is target-neutral: the geometry (which input rows an op reads), the greedy formation and the cuts.
 A target says which ops may join (`can_join`) and how many output rows per tile fit its local memory
-(`rows_that_fit`, 0 when none do). A target whose op records are not IR ops passes its own `window`
-(op -> RowWindow) and a graph view with `shape(name)` and `tensors[name].is_const`.
+(`rows_that_fit(group, hint)`, 0 when none do; `hint`, the rows the last group with an output as tall got, is
+where its search may look first: the answer must not depend on it). A target whose op records are not IR ops
+passes its own `window` (op -> RowWindow) and a graph view with `shape(name)` and `tensors[name].is_const`.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def form_groups(
     graph: Graph,
     ops: list[Op],
     can_join: Callable[[Op], bool],
-    rows_that_fit: Callable[[LayerGroup], int],
+    rows_that_fit: Callable[[LayerGroup, int | None], int],
     pinned: set[str],
     window: WindowOf = row_window,
     cost: UnitCost | None = None,
@@ -176,23 +177,30 @@ def form_groups(
 
     `pinned`: tensors that must reach gmem (model outputs, CPU routine operands). A run of one op stays a
     plain op: its kernel tiles it on its own. `window`: op -> RowWindow for op records that are not IR ops.
+    Every run is fitted once: the greedy growth and the cuts share what they fitted.
     """
     readers: dict[str, set[int]] = {}
     for i, op in enumerate(ops):
         for name in op.inputs:
             readers.setdefault(name, set()).add(i)
+    fitted_runs: dict[tuple[int, int], LayerGroup | None] = {}
+    last_rows: dict[int, int] = {}  # output height -> rows the last group that tall got (the search's hint)
 
-    def fitted(run: list[Op]) -> LayerGroup | None:
-        group = make_group(graph, run, window)
-        group.rows = rows_that_fit(group)
-        return group if group.rows else None
+    def fitted(start: int, stop: int) -> LayerGroup | None:
+        if (start, stop) not in fitted_runs:
+            group = make_group(graph, ops[start:stop], window)
+            height = _height(graph, group.output)
+            group.rows = rows_that_fit(group, last_rows.get(height))
+            if group.rows:
+                last_rows[height] = group.rows
+            fitted_runs[start, stop] = group if group.rows else None
+        return fitted_runs[start, stop]
 
     def piece(start: int, stop: int) -> Op | LayerGroup | None:
         """ops[start:stop] as one unit: a plain op, or a closed group that fits (None: neither)."""
-        run = ops[start:stop]
-        if len(run) == 1:
-            return run[0]
-        return fitted(run) if _closed(run, readers, start, pinned) else None
+        if stop - start == 1:
+            return ops[start]
+        return fitted(start, stop) if _closed(ops[start:stop], readers, start, pinned) else None
 
     units: list[Op | LayerGroup] = []
     i = 0
@@ -203,7 +211,7 @@ def form_groups(
             j += 1
             if j - i < 2 or not _closed(ops[i:j], readers, i, pinned):
                 continue
-            group = fitted(ops[i:j])
+            group = fitted(i, j)
             if group is None:
                 break  # a longer run only needs more local memory
             best = group

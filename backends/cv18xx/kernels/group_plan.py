@@ -253,11 +253,12 @@ def best_plan(cg: Codegen, group: LayerGroup) -> Plan | None:
     )
 
 
-def rows_that_fit(cg: Codegen, group: LayerGroup) -> int:
+def rows_that_fit(cg: Codegen, group: LayerGroup, hint: int | None = None) -> int:
     """The tallest tile whose plan fits; all the rows at once if a streamed plan fits them (one tile: no halo
-    recomputed, no filter loaded twice), even where resident constants would need shorter tiles."""
+    recomputed, no filter loaded twice), even where resident constants would need shorter tiles. `hint`: where
+    the search looks first (tiling.largest_fit)."""
     height = cg.graph.shape(group.output)[2]
-    rows = largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None)
+    rows = largest_fit(height, lambda rows: plan_group(cg, group, rows) is not None, hint)
     if rows < height and plan_group(cg, group, height, streamed=True) is not None:  # None unless one tile
         return height
     return rows
@@ -278,7 +279,9 @@ def layer_groups(cg: Codegen, ops: list[Op], pinned: set[str], cut: bool = True)
 
 def _grouped(cg: Codegen, ops: list[Op], pinned: set[str], cut: bool) -> list[Op | LayerGroup]:
     cost = (lambda unit: unit_cycles(cg, unit)) if cut else None
-    units = form_groups(cg.graph, ops, lambda op: joins(cg, op), lambda g: rows_that_fit(cg, g), pinned, cost=cost)
+    units = form_groups(
+        cg.graph, ops, lambda op: joins(cg, op), lambda g, hint: rows_that_fit(cg, g, hint), pinned, cost=cost
+    )
     for unit in units if cut else ():
         if isinstance(unit, LayerGroup):
             unit.rows = tile_height(cg, unit)

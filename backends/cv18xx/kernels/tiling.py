@@ -58,9 +58,18 @@ class RowTile:
     window: Window
 
 
-def largest_fit(limit: int, fits: Callable[[int], bool]) -> int:
-    """Largest t in 1..limit with fits(t) (fits is monotone); 0 when even 1 does not fit."""
+def largest_fit(limit: int, fits: Callable[[int], bool], hint: int | None = None) -> int:
+    """Largest t in 1..limit with fits(t) (fits is monotone); 0 when even 1 does not fit. A `hint` (a likely
+    answer) is tried first, then the value above it: one or two calls where it is right, the same answer
+    either way."""
     lo, hi = 0, limit
+    if hint is not None and 1 <= hint <= limit:
+        if not fits(hint):
+            hi = hint - 1
+        elif hint == limit or not fits(hint + 1):
+            return hint
+        else:
+            lo = hint + 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(mid):
