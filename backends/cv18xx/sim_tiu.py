@@ -274,6 +274,11 @@ def _finish(ctx: TiuContext, acc: np.ndarray) -> None:
 def tiu_conv(ctx: TiuContext) -> None:
     x = ctx.read("opd0")
     ic, oc, kh, kw = ctx.shape("opd1")
+    f = ctx.f
+    if f["double_conv"] and (ctx.bf16 or ic % 2 or ic < 4 or f["opd0_addr"] % 2 or f["opd1_addr"] % 2):
+        # two channels a cycle: the same sums, on paired int8 channels at even addresses (specs/cv18xx.md)
+        raise UnsupportedError(f"double_conv on a conv it cannot pair (ic {ic}, {'bf16' if ctx.bf16 else 'int8'}, "
+                               f"ifmap at {f['opd0_addr']:#x}, filter at {f['opd1_addr']:#x})")  # fmt: skip
     e = ctx.esz  # weights are packed per output channel as [kh][kw][ic]
     w = ctx.lmem.read(
         ctx.in_result_lanes("opd1"), (1, oc, kh * kw, ic), (0, kh * kw * ic * e, ic * e, e), ctx.fmt("opd1")

@@ -6,10 +6,14 @@ not from a chip datasheet: a TDMA moves TDMA_BYTES_PER_CYCLE bytes of global mem
 setup, and a TIU op does one multiply-accumulate per EU byte per lane per cycle (int8; bf16 half that) after
 a fixed setup. The interesting numbers are ratios: `overlap` is the share of the fully serial time (every
 descriptor waiting for the previous one, as cvikernel's serial scheme runs) that the sync ids save.
+The same schedule can price descriptors with the vendor compiler's own formulas instead (`CostModel`,
+vendor_cost.VENDOR_COSTS), which the bench uses to check this model's rankings; unlike those, this model does
+not see a conv's paired channels (double_conv).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from npuc.backends.cv18xx import isa
@@ -61,6 +65,19 @@ def tdma_cycles(fields: dict[str, int], chip: ChipSpec, weight: bytes, section: 
     return TDMA_SETUP_CYCLES + -(-moved // TDMA_BYTES_PER_CYCLE)
 
 
+@dataclass(frozen=True)
+class CostModel:
+    """Cycles of one TIU descriptor (fields, chip) and of one TDMA descriptor (fields, chip, weight section,
+    cmdbuf name, offset): this module's nominal model, or the vendor's formulas (vendor_cost.py)."""
+
+    name: str
+    tiu: Callable[[dict[str, int], ChipSpec], int]
+    tdma: Callable[[dict[str, int], ChipSpec, bytes, str, int], int]
+
+
+NOMINAL = CostModel("nominal", tiu_cycles, tdma_cycles)
+
+
 @dataclass
 class Schedule:
     """Cycles of one model's cmdbufs: run fully serially, and as their sync ids allow."""
@@ -75,7 +92,8 @@ class Schedule:
         return 1.0 - self.scheduled / self.serial if self.serial else 0.0
 
 
-def schedule_cmdbuf(data: bytes, chip: ChipSpec, weight: bytes, section: str) -> Schedule:
+def schedule_cmdbuf(data: bytes, chip: ChipSpec, weight: bytes, section: str, costs: CostModel = NOMINAL
+                    ) -> Schedule:  # fmt: skip
     tiu, tdma = isa.ENGINE_TIU, isa.ENGINE_TDMA
     finish: dict[int, list[int]] = {tiu: [0], tdma: [0]}  # finish time per engine by absolute sequence
     base = {tiu: 0, tdma: 0}  # absolute sequence number before the current id segment
@@ -83,11 +101,11 @@ def schedule_cmdbuf(data: bytes, chip: ChipSpec, weight: bytes, section: str) ->
     for ins in split_cmdbuf(data, chip, f"section {section!r}"):
         if ins.engine == tiu:
             other = tdma
-            cost = tiu_cycles(ins.fields, chip)
+            cost = costs.tiu(ins.fields, chip)
             sched.tiu_busy += cost
         elif ins.engine == tdma:
             other = tiu
-            cost = tdma_cycles(ins.fields, chip, weight, section, ins.offset)
+            cost = costs.tdma(ins.fields, chip, weight, section, ins.offset)
             sched.tdma_busy += cost
         else:
             continue
@@ -105,12 +123,12 @@ def schedule_cmdbuf(data: bytes, chip: ChipSpec, weight: bytes, section: str) ->
     return sched
 
 
-def schedule_model(model: CviModel) -> Schedule:
-    """The schedule summed over every cmdbuf (routines run one after another)."""
+def schedule_model(model: CviModel, costs: CostModel = NOMINAL) -> Schedule:
+    """The schedule summed over every cmdbuf (routines run one after another), priced by `costs`."""
     chip = CHIPS[model.chip]
     total = Schedule()
     for section, data in model.cmdbufs().items():
-        s = schedule_cmdbuf(data, chip, model.weight, section)
+        s = schedule_cmdbuf(data, chip, model.weight, section, costs)
         total.serial += s.serial
         total.scheduled += s.scheduled
         total.tiu_busy += s.tiu_busy

@@ -77,6 +77,8 @@ def conv(out: LTensor, x: LTensor, w: LTensor, params: LTensor | None, win: Wind
     }
     if x.fmt == "bf16":  # as cvikernel sets them; the depthwise unit instead insists on signed operands
         f.update({"opt_opd1_sign": 0, "opt_opd2_sign": 0})
+    elif ic % 2 == 0 and ic >= 4 and x.addr % 2 == 0 and w.addr % 2 == 0:
+        f["double_conv"] = 1  # two input channels a cycle, as tpu-mlir sets it wherever the chip allows it
     return {**f, **_bias_operand(out, params, has_bias)}
 
 
