@@ -50,7 +50,7 @@ both. Measured (cv183x), vendor-formula cycles npuc / tpu-mlir's file: smallcnn 
 (double_conv), which halves a conv's loop under those formulas and which npuc did not set. With double_conv set
 where the chip allows it (bit-exact on the vendor simulator): 22,281, 506,023 (1.6% above tpu-mlir's), 60,560
 (16% above: O-Net's per-channel depthwise ops cost at least 16 cycles a tile under them); resnet18_224 4.01 ->
-2.40 M. Rankings: the same order under both models on every model but for the cheapest two, the default and
+2.40 M against tpu-mlir's 2.57 M (its file built live with TPU_MLIR_VENV: 3,921,292 nominal cycles). Rankings: the same order under both models on every model but for the cheapest two, the default and
 compress_weights=false, 0.05-0.23% apart under the vendor formulas (9 of 10 pairs alike on resnet18_224 and
 pplcnet, 7 of 10 on smallcnn and onet, where variants tie).
 """
