@@ -7,8 +7,8 @@ setup, and a TIU op does one multiply-accumulate per EU byte per lane per cycle 
 a fixed setup. The interesting numbers are ratios: `overlap` is the share of the fully serial time (every
 descriptor waiting for the previous one, as cvikernel's serial scheme runs) that the sync ids save.
 The same schedule can price descriptors with the vendor compiler's own formulas instead (`CostModel`,
-vendor_cost.VENDOR_COSTS), which the bench uses to check this model's rankings; unlike those, this model does
-not see a conv's paired channels (double_conv).
+vendor_cost.VENDOR_COSTS), which the bench uses to check this model's rankings. A conv with paired input
+channels (double_conv) does twice the multiply-accumulates a cycle, as the vendor's formulas price it.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def tiu_cycles(fields: dict[str, int], chip: ChipSpec) -> int:
     if op == "matmul":  # rows x (column groups spread over lanes) x group width
         per_lane = n * -(-c // chip.lanes) * w
     per_cycle = chip.eu_bytes // (2 if f["opd_typ"] else 1)
+    per_cycle *= 2 if op == "conv" and f["double_conv"] else 1  # two input channels a cycle
     return TIU_SETUP_CYCLES + -(-per_lane * _macs_per_output(op, f) // per_cycle)
 
 
