@@ -15,17 +15,12 @@ from npuc.backends.cv18xx.cmdbuf import split_cmdbuf, tiu_op_name
 from npuc.backends.cv18xx.container import read_cvimodel
 from npuc.backends.cv18xx.sim_mem import LocalMemory
 from npuc.backends.cv18xx.sim_tiu import TiuContext, normalize_tiu_fields, tiu_conv
-from npuc.backends.cv18xx.timing import NOMINAL, schedule_model
+from npuc.backends.cv18xx.timing import NOMINAL, ZeroFields, schedule_model
 from npuc.backends.cv18xx.vendor_cost import VENDOR_COSTS, run_bytes, tdma_cost, tiu_cost
 from npuc.compiler.errors import UnsupportedError
 
 CV183X = CHIPS["cv183x"]
 TPU_MLIR_ONET = GOLDEN_ROOT / "cv18xx" / "onet_tpumlir_cv183x_int8.cvimodel"
-
-
-class _Fields(dict):
-    def __missing__(self, key: str) -> int:
-        return 0
 
 
 @pytest.mark.parametrize(
@@ -43,7 +38,7 @@ def test_ddr_runs_are_counted_in_bursts_of_64_byte_beats(start, length, expected
 
 
 def _conv(double: int) -> dict[str, int]:
-    return _Fields(tsk_typ=0, opd_typ=0, opt_chl_quan=1, tsk_opd_num=3, res0_n=1, res0_c=32, res0_h=4, res0_w=4,
+    return ZeroFields(tsk_typ=0, opd_typ=0, opt_chl_quan=1, tsk_opd_num=3, res0_n=1, res0_c=32, res0_h=4, res0_w=4,
                    opd0_c=16, opd1_h=3, opd1_w=3, conv_op_x_str=1, double_conv=double)  # fmt: skip
 
 
@@ -52,7 +47,7 @@ def test_tiu_formulas_worked_by_hand():
     # shift 1 (per-channel); no bias cycles (per-channel), no partial sums; + 41 sync + 31 per-channel post.
     assert tiu_cost(_conv(0), CV183X) == 41 + (9 * 16 + 1) + 31
     assert tiu_cost(_conv(1), CV183X) == 41 + (9 * 8 + 1) + 31  # two channels a cycle
-    add = _Fields(tsk_typ=3, tsk_eu_typ=2, res0_n=1, res0_c=32, res0_h=4, res0_w=4, opt_opd0_seg=1, opt_res0_seg=1,
+    add = ZeroFields(tsk_typ=3, tsk_eu_typ=2, res0_n=1, res0_c=32, res0_h=4, res0_w=4, opt_opd0_seg=1, opt_res0_seg=1,
                   res0_c_str=16)  # fmt: skip
     assert tiu_cost(add, CV183X) == 5 + 26 + 12  # int8 add latency, command latency, post
     assert tiu_cost({**add, "res0_c_str": 24}, CV183X) == int(5 * 30 / 16) + 26 + 12  # an unaligned write
@@ -63,7 +58,7 @@ def test_tiu_formulas_worked_by_hand():
 def test_tdma_formula_worked_by_hand():
     # a load of 1x32x4x4 int8, rows and channels contiguous: one run of 512 bytes (two bursts), 32 lanes x
     # one 16-byte row each in local memory; DDR time 512 B / (1886 MHz x 4 B) = 67.9 ns = 45 cycles at 650 MHz
-    load = _Fields(trans_dir=0, src_fmt=1, dst_fmt=1, src_n=1, src_c=32, src_h=4, src_w=4, src_h_stride=4,
+    load = ZeroFields(trans_dir=0, src_fmt=1, dst_fmt=1, src_n=1, src_c=32, src_h=4, src_w=4, src_h_stride=4,
                    src_c_stride_low=16, src_n_stride=512, dst_c=32, dst_h=4, dst_w=4, dst_h_stride=4)  # fmt: skip
     assert tdma_cost(load, CV183X, b"", "x", 0) == int(np.ceil(512 * 1000 / (1886 * 4) * 650 / 1000))
     strided = {**load, "src_h_stride": 64, "src_c_stride_low": 256}  # rows 64 bytes apart: 128 runs of 4 bytes

@@ -30,6 +30,12 @@ CHIPS: dict[str, ChipSpec] = {
 }
 
 
+def pairs_channels(ic: int, bf16: bool, ifmap_addr: int, filter_addr: int) -> bool:
+    """Whether a conv may take two input channels a cycle (double_conv): int8, an even ic of at least 4, both
+    operands at even addresses (specs/cv18xx.md; tpu-mlir sets it on every such conv)."""
+    return not bf16 and ic % 2 == 0 and ic >= 4 and ifmap_addr % 2 == 0 and filter_addr % 2 == 0
+
+
 def chip_spec(name: str) -> ChipSpec:
     try:
         return CHIPS[name]

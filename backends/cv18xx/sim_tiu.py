@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from npuc.backends.cv18xx.chips import ChipSpec
+from npuc.backends.cv18xx.chips import ChipSpec, pairs_channels
 from npuc.backends.cv18xx.sim_mem import LocalMemory, Shape, Strides, default_strides
 from npuc.compiler.errors import CorruptFileError, UnsupportedError
 from npuc.compiler.numformats.rounding import wrap_int32
@@ -275,8 +275,8 @@ def tiu_conv(ctx: TiuContext) -> None:
     x = ctx.read("opd0")
     ic, oc, kh, kw = ctx.shape("opd1")
     f = ctx.f
-    if f["double_conv"] and (ctx.bf16 or ic % 2 or ic < 4 or f["opd0_addr"] % 2 or f["opd1_addr"] % 2):
-        # two channels a cycle: the same sums, on paired int8 channels at even addresses (specs/cv18xx.md)
+    if f["double_conv"] and not pairs_channels(ic, ctx.bf16, f["opd0_addr"], f["opd1_addr"]):
+        # two channels a cycle: the same sums, where the chip can pair them
         raise UnsupportedError(f"double_conv on a conv it cannot pair (ic {ic}, {'bf16' if ctx.bf16 else 'int8'}, "
                                f"ifmap at {f['opd0_addr']:#x}, filter at {f['opd1_addr']:#x})")  # fmt: skip
     e = ctx.esz  # weights are packed per output channel as [kh][kw][ic]

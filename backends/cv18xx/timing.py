@@ -40,7 +40,7 @@ def _macs_per_output(op: str, f: dict[str, int]) -> int:
     return 1
 
 
-class _Fields(dict):
+class ZeroFields(dict):
     """Descriptor fields where an absent one is 0, as the encoder writes it (emitted records omit zeros)."""
 
     def __missing__(self, key: str) -> int:
@@ -48,7 +48,7 @@ class _Fields(dict):
 
 
 def tiu_cycles(fields: dict[str, int], chip: ChipSpec) -> int:
-    f = _Fields(normalize_tiu_fields(fields))
+    f = ZeroFields(normalize_tiu_fields(fields))
     op = tiu_op_name(f)
     n, c, h, w = (f[f"res0_{d}"] for d in "nchw")
     per_lane = n * -(-c // chip.lanes) * h * w

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from npuc.backends.cv18xx.chips import pairs_channels
 from npuc.backends.cv18xx.lmem import LTensor
 
 EXPLICIT, DEFAULT = 3, 0  # short_*_str: strides given in the descriptor / derived from the shape
@@ -77,7 +78,7 @@ def conv(out: LTensor, x: LTensor, w: LTensor, params: LTensor | None, win: Wind
     }
     if x.fmt == "bf16":  # as cvikernel sets them; the depthwise unit instead insists on signed operands
         f.update({"opt_opd1_sign": 0, "opt_opd2_sign": 0})
-    elif ic % 2 == 0 and ic >= 4 and x.addr % 2 == 0 and w.addr % 2 == 0:
+    elif pairs_channels(ic, False, x.addr, w.addr):
         f["double_conv"] = 1  # two input channels a cycle, as tpu-mlir sets it wherever the chip allows it
     return {**f, **_bias_operand(out, params, has_bias)}
 

@@ -40,7 +40,7 @@ import numpy as np
 from npuc.backends.cv18xx.chips import ChipSpec
 from npuc.backends.cv18xx.cmdbuf import tiu_op_name
 from npuc.backends.cv18xx.sim_tiu import normalize_tiu_fields
-from npuc.backends.cv18xx.timing import CostModel
+from npuc.backends.cv18xx.timing import CostModel, ZeroFields
 
 TPU_MHZ = {"cv183x": 650, "cv182x": 750, "cv181x": 500, "cv180x": 500}
 DRAM_MHZ, DRAM_BYTES = 1886, 4
@@ -52,11 +52,6 @@ ELTWISE_LATENCY = {  # kind -> (int8, 16-bit) cycles per EU step
     "mul": (2.5, 4.5), "mac": (9, 11), "add": (5, 7), "sub": (5, 7), "max": (3, 5), "min": (3, 5),
     "shift": (4, 4), "and": (3, 5), "or": (3, 5), "xor": (3, 5), "copy": (2, 4), "ge": (3, 5),
 }  # fmt: skip
-
-
-class _Fields(dict):
-    def __missing__(self, key: str) -> int:
-        return 0
 
 
 def _up(x: int, n: int) -> int:
@@ -77,7 +72,7 @@ def _fetch_ratio(f: dict[str, int], eus: int, width: int) -> float:
 
 def tiu_cost(fields: dict[str, int], chip: ChipSpec) -> int:
     """TPU cycles of one TIU descriptor under the vendor's formulas (module docstring)."""
-    f = _Fields(normalize_tiu_fields(fields))
+    f = ZeroFields(normalize_tiu_fields(fields))
     op = tiu_op_name(f)
     bf16 = bool(f["opd_typ"])
     per_channel = bool(f["opt_chl_quan"])
@@ -194,42 +189,33 @@ def _runs(f: dict[str, int], side: str, gap: int, size: int, transposed: bool) -
     return base + (ns[:, None, None] + cs[:, None] + hs).ravel(), np.full(n * c * h, row)
 
 
-def _lmem_rows(f: dict[str, int], size: int) -> int:
-    w, h, stride = f["dst_w"], f["dst_h"], f["dst_h_stride"]
+def _lmem_rows(f: dict[str, int], side: str, size: int) -> int:
+    """16-byte local-memory rows one side of a transfer touches (whole when its rows follow on, else per row)."""
+    w, h, stride, c = f[f"{side}_w"], f[f"{side}_h"], f[f"{side}_h_stride"], f[f"{side}_c"]
     if stride - w == 0:
-        return f["src_n"] * f["dst_c"] * _up(stride * (h - 1) + w * size, 16)
-    return f["src_n"] * f["dst_c"] * h * _up(w * size, 16)
+        return f["src_n"] * c * _up(stride * (h - 1) + w * size, 16)
+    return f["src_n"] * c * h * _up(w * size, 16)
 
 
 def tdma_cost(fields: dict[str, int], chip: ChipSpec, weight: bytes, section: str, offset: int) -> int:
     """TPU cycles of one TDMA descriptor under the vendor's formulas (module docstring)."""
-    f = _Fields(fields)
+    f = ZeroFields(fields)
     direction = f["trans_dir"]
     src_size, dst_size = (2 if f[f"{s}_fmt"] == 2 else 1 for s in ("src", "dst"))
-    if direction == 3:  # local to local: the wider of the two sides, in 16-byte rows
-
-        def side(s: str, size: int) -> int:
-            rows_follow = f[f"{s}_h_stride"] - f[f"{s}_w"] == 0
-            last = f[f"{s}_h_stride"] * (f[f"{s}_h"] - 1) + f[f"{s}_w"] * size
-            c = f["src_c"] if s == "src" else f["dst_c"]
-            if rows_follow:
-                return f["src_n"] * c * _up(last, 16) * 16
-            return f["src_n"] * c * f[f"{s}_h"] * _up(f[f"{s}_w"] * size, 16) * 16
-
-        ddr, rows = max(side("src", src_size), side("dst", dst_size)), 0
+    if direction == 3:  # local to local: the wider side's 16-byte rows, priced at the DDR rate
+        ddr, rows = 16 * max(_lmem_rows(f, "src", src_size), _lmem_rows(f, "dst", dst_size)), 0
     elif direction in (0, 1, 2):
         store = direction == 1
+        cw_store = store and f["transpose_md"] == 3  # a CW-transposed store: row by row, shorter bursts
         s, size = ("dst", dst_size) if store else ("src", src_size)
         if f["trans_fmt"]:  # a general copy of src_n_stride bytes
             address = (f[f"{s}_base_addr_high"] << 32) | f[f"{s}_base_addr_low"]
             starts, lengths = np.array([address]), np.array([f["src_n_stride"]])
         else:
             transposed = f["sys_dtype"] == 1 and f["spec_func"] == 1 and f["transpose_md"] == 0 and not store
-            cw = store and f["transpose_md"] == 3
-            starts, lengths = _runs(f, s, STORE_GAP if store else LOAD_GAP, size, transposed or cw)
-        cw_store = store and f["transpose_md"] == 3
+            starts, lengths = _runs(f, s, STORE_GAP if store else LOAD_GAP, size, transposed or cw_store)
         ddr = int(run_bytes(starts, lengths, CW_STORE_BURST_BEATS if cw_store else BURST_BEATS).sum())
-        rows = _lmem_rows(f, dst_size)
+        rows = _lmem_rows(f, "dst", dst_size)
     else:
         raise ValueError(f"TDMA direction {direction} has no vendor cost formula")
     mhz = TPU_MHZ[chip.name]
