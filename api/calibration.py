@@ -202,9 +202,10 @@ def calibrate(
         elif side_file(output).exists():  # a build would apply it to this table
             side_file(output).unlink()
             done.notes.append(f"removed {side_file(output)}, made for an earlier table")
+        calibrated = [f for f in usable if f not in set(held_out)]
         lines, bf16_layers = steps.write_qtable_beside(model, result.table, output, shapes, patterns, held_out, pre,
                                                        target_cos, max_float_layers or DEFAULT_MAX_FLOAT_LAYERS,
-                                                       explicit_target, refinement)  # fmt: skip
+                                                       explicit_target, refinement, calibrated)  # fmt: skip
         done.notes += lines
     if auto_run is not None:  # the closing report runs the table as the build will: side file, qtable
         done.report = steps.report_lines(steps.closing_report(model, result.table, auto_run.report_files, pre, shapes,

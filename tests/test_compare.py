@@ -492,3 +492,49 @@ def test_sensitivity_reports_its_progress_layer_by_layer(samples):
 
     ranked = layer_sensitivity(Comparison(MODEL, read_table(TABLE), samples, "cv18xx_int8"), progress=progress)
     assert steps == [("int8 sensitivity", len(LAYERS), 1)] * len(ranked) and len(ranked) == len(LAYERS)
+
+
+class _Stand:
+    """A stand-in comparison over int8 layers `pool` (averaging), `conv1`, `conv2`: the output cosine of each
+    set of float layers from `scores` (0.9 for a set it does not list)."""
+
+    def __init__(self, scores: dict[frozenset, float], samples: int) -> None:
+        self.scores, self.feeds = scores, [{}] * samples
+
+    def evaluate(self, layers=(), per_layer=False):  # noqa: ANN001, ANN202
+        from npuc.passes.calibration.compare import Agreement, CompareReport
+
+        kept = frozenset(layers)
+        cosine = self.scores.get(kept, 0.9)
+        left = [n for n in ("pool", "conv1", "conv2") if n not in kept]
+        return CompareReport(1, [Agreement("y", cosine=cosine)], [], list(layers), left)
+
+    def averaging_layers(self, layers):  # noqa: ANN001, ANN202
+        return [n for n in layers if n == "pool"]
+
+    def local_loss(self, report):  # noqa: ANN001, ANN202
+        return {"conv1": 0.02, "conv2": 0.01}
+
+    def unit(self, layer: str) -> list[str]:
+        return [layer]
+
+
+def test_wider_samples_judge_the_averaging_layers_and_drop_picks_that_do_not_hold():
+    """The few held-out samples favour conv1 and not the pool; more samples say the opposite (PP-OCRv6 rec's
+    case, passes/calibration/compare.py's docstring): the pool is kept, conv1 dropped, and the reason says so."""
+    from npuc.passes.calibration.compare import auto_mixed
+
+    every = frozenset({"pool", "conv1", "conv2"})
+    held = _Stand({every: 0.999, frozenset({"pool"}): 0.899, frozenset({"pool", "conv1"}): 0.95,
+                   frozenset({"conv1"}): 0.95}, 5)  # fmt: skip
+    wide = _Stand({frozenset({"pool"}): 0.95, frozenset({"pool", "conv1"}): 0.94}, 24)
+    found = auto_mixed(held, 0.99, 4, wider=lambda: wide)
+    assert not found.reached and found.float_layers == ["pool"]
+    # on the 5, conv1 then conv2 reach the target; on the 24 they lose
+    assert "1 averaging one(s)" in found.reason and "2 pick(s) dropped: no gain on 24 samples" in found.reason
+    assert found.report.output_cosine == 0.899  # the held-out report of what is kept
+    # picks that the wider samples confirm stay; without `wider`, neither judgement is made
+    wide.scores[every] = 0.999
+    kept = auto_mixed(held, 0.99, 4, wider=lambda: wide)
+    assert kept.reached and kept.float_layers == ["pool", "conv1", "conv2"]
+    assert auto_mixed(held, 0.99, 4).float_layers == ["conv1"]

@@ -5,11 +5,13 @@ table (float patterns and --target-cos) and the depfile. BMNet's table: backends
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 METHOD_FOLDS = 5  # the method choice's cross-validation folds (SampleSplit)
+WIDE_SAMPLES = 32  # calibration samples that join the held-out ones to judge the averaging layers
 
 
 def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
@@ -233,10 +235,13 @@ def report_lines(report: Any, worst: int = 3) -> list[str]:
 
 def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, found: dict[str, list[str]],
                   held_out: list[Path], pre: Any, target: float | None, max_layers: int,
-                  explicit: bool = True, refinement: Any = None) -> tuple[list[str], list[str]]:  # fmt: skip
+                  explicit: bool = True, refinement: Any = None,
+                  calibrated: Sequence[Path] = ()) -> tuple[list[str], list[str]]:  # fmt: skip
     """`<output>.qtable`: the layers the float patterns keep, plus those `target_cos` finds (written even when
     none when the target was asked for, `explicit`); a stale one from an earlier table is removed. Returns
-    the lines to say (the qtable decides what `npuc build --calib` does) and the layers it keeps in bf16."""
+    the lines to say (the qtable decides what `npuc build --calib` does) and the layers it keeps in bf16. Up
+    to WIDE_SAMPLES of the `calibrated` samples join the held-out ones to judge the averaging layers and
+    the greedy's picks (compare.auto_mixed)."""
     from npuc.passes.calibration.qtable import beside, write_qtable
 
     base = list(dict.fromkeys(n for layers in found.values() for n in layers))
@@ -246,11 +251,13 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
     if held_out:
         from npuc.passes.calibration.calibrate import plan_calibration
         from npuc.passes.calibration.compare import held_out_search
+        from npuc.passes.calibration.method_choice import evaluation_picks
         from npuc.passes.calibration.preprocess import load_sample
 
         inputs = plan_calibration(model, shapes or None).inputs
         feeds = [load_sample(p, inputs, pre) for p in held_out]
-        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base, refinement)
+        wide = [load_sample(calibrated[i], inputs, pre) for i in evaluation_picks(len(calibrated), WIDE_SAMPLES)]
+        mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base, refinement, wide)
         chosen = mixed.float_layers
         kept = "the qtable holds the best layers found" if base or chosen or explicit else "no qtable written"
         verdict = "" if mixed.reached else f"NOT reached, {kept}: "

@@ -13,6 +13,14 @@ trials; a final pass drops every chosen layer the target does not need. Before s
 float tells whether the target is reachable at all. `npuc calibrate --target-cos` and `npuc compare
 --auto-mixed` use it.
 
+A few held-out samples make the greedy follow their noise. `npuc calibrate` therefore gives it a wider
+comparison (the held-out samples and up to 32 calibration ones): it judges the averaging layers (average and
+global pools, mean/sum reductions: an 8-bit multiplier on a window sum in int8, cheap in bf16) as one, tried
+before the greedy, and it drops the greedy's picks when they do not raise the output there. Measured on PP-OCRv6
+rec (24 calibration lines, 5 of them held out; 24 other lines judged): the greedy's 8 picks gave 0.9869 on
+the 5 and lost 0.0008 on the unseen lines (0.9771 -> 0.9763, 742 K cycles); the 4 pools, which lose on the 5
+but gain on all 24, give 0.9816 there at 533 K cycles (480 K all int8).
+
 Given a ranking (passes/calibration/sensitivity.py: each layer alone in int8; `npuc compare --sensitivity`),
 the search keeps a prefix of it in float instead: the first 1, 2, 4, ... ranked layers (up to `max_layers`)
 until one reaches the target, then bisection between the last two, so about 2·log2(max_layers) evaluations
@@ -57,6 +65,9 @@ from npuc.passes.rewrite.canonicalize import canonicalize
 # target -> quantize name -> scheme
 TARGET_SCHEMES = {"cv18xx": {"int8": "cv18xx_int8", "bf16": "cv18xx_bf16"}}
 CONFIDENT = 0.8  # float's top probability from which its top-1 decision counts as confident (bench/accuracy.py)
+# `averaging_layers`: op kind -> which of its variants average (max/min pass int8 codes through)
+AVERAGING = {"pool2d": lambda a: a.mode == "avg", "global_pool": lambda a: a.mode == "avg",
+             "reduce": lambda a: a.kind in ("mean", "sum")}  # fmt: skip
 REFERENCE_CACHE_BYTES = 1 << 30  # float per-layer references kept between auto-mixed rounds, beyond: recompute
 
 
@@ -351,6 +362,13 @@ class Comparison:
         consumers = [op.outputs[0] for op in self.graph.ops if layer in op.inputs and op.outputs]
         return list(dict.fromkeys([layer, *consumers]))
 
+    def averaging_layers(self, layers: Iterable[str]) -> list[str]:
+        """Those of `layers` an average pool, global pool or reduction makes (max pools excepted: in int8 they
+        pass the codes through). Their int8 form scales a window sum by an 8-bit multiplier and shift; in the
+        fallback they cost little (one pass over their input, outputs far smaller)."""
+        ops = [(name, self.producers.get(name)) for name in layers]
+        return [name for name, op in ops if op is not None and op.kind in AVERAGING and AVERAGING[op.kind](op.attrs)]
+
     def local_loss(self, report: CompareReport) -> dict[str, float]:
         """Per layer: the worst cosine among its activation inputs minus its own (the error it adds)."""
         cos = {a.name: a.cosine for a in report.layers}
@@ -363,13 +381,19 @@ class Comparison:
 
 
 def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_MAX_FLOAT_LAYERS,
-               base: Sequence[str] = (), order: Sequence[str] | None = None) -> MixedResult:  # fmt: skip
+               base: Sequence[str] = (), order: Sequence[str] | None = None,
+               wider: Callable[[], Comparison] | None = None) -> MixedResult:  # fmt: skip
     """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
     `base`: layers in float from the start (a pattern's), not counted among those chosen; `order`: a ranking of
-    the int8 layers (passes/calibration/sensitivity.py), whose shortest reaching prefix is searched instead."""
+    the int8 layers (passes/calibration/sensitivity.py), whose shortest reaching prefix is searched instead;
+    `wider`: makes the same model's comparison on more samples (once the search needs it), which judges two
+    things the few samples of `comparison` cannot:
+    every int8 averaging layer (`Comparison.averaging_layers`) in float at once, tried first and kept when the
+    output gains (not counted against `max_layers`), and the greedy's picks, dropped when they lose."""
+    bundle: list[str] = []
 
     def evaluate(layers: Iterable[str] = (), per_layer: bool = False) -> CompareReport:
-        return comparison.evaluate([*base, *layers], per_layer=per_layer)
+        return comparison.evaluate([*base, *bundle, *layers], per_layer=per_layer)
 
     if not 0.0 < target <= 1.0:
         raise UserError(f"--auto-mixed {target}: a cosine target must be in (0, 1], e.g. 0.99")
@@ -393,8 +417,18 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     if order is not None:
         return _ranked_prefix(evaluate, target, max_layers, [n for n in order if n in candidates], base_report,
                               every, evaluations)  # fmt: skip
+    report, widely = base_report, None  # widely: `wider`'s output cosine of what is kept so far
+    if wider is not None:
+        wide = wider()
+        widely = wide.evaluate(base).output_cosine
+        averages = comparison.averaging_layers(candidates)
+        evaluations += 1
+        if averages and (trial := wide.evaluate([*base, *averages]).output_cosine) > widely:
+            bundle[:], widely = averages, trial
+            report = evaluate(per_layer=True)
+            evaluations += 2
     chosen: list[str] = []
-    report, tried, last = base_report, set(), []
+    tried, last = set(), []
     budget = 3 * max_layers  # evaluations the greedy phase may spend
     while report.output_cosine < target and len(chosen) < max_layers and budget > 0:
         left = [n for n in report.int8_layers if n not in chosen and n not in tried]
@@ -403,7 +437,7 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         loss = comparison.local_loss(report)
         pick = max(left, key=lambda n: (loss.get(n, 0.0), n))
         tried.add(pick)
-        unit = [n for n in comparison.unit(pick) if n not in chosen]
+        unit = [n for n in comparison.unit(pick) if n not in chosen and n not in bundle]
         if len(chosen) + len(unit) > max_layers:
             continue
         # with its layers pooled: a kept pick's layers choose the next pick (a re-run would cost a whole trial)
@@ -412,13 +446,21 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
             chosen += unit
             report, last = trial, unit
+    unheld = ""
+    if chosen and widely is not None:
+        evaluations += 1
+        if wide.evaluate([*base, *bundle, *chosen]).output_cosine <= widely:
+            unheld = f"; {len(chosen)} pick(s) dropped: no gain on {len(wide.feeds)} samples"
+            chosen, last, report = [], [], evaluate(per_layer=True)
+            evaluations += 1
     if report.output_cosine < target:
         reason = (
-            f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s) give "
+            f"not reached within --max-float-layers {max_layers}: {len(chosen)} float layer(s){_with(bundle)} give "
             f"{report.output_cosine:.6f} < {target} (all int8 layers in float give {every.output_cosine:.6f})"
+            f"{unheld}"
         )
-        return MixedResult(target, False, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
-                           reason)  # fmt: skip
+        return MixedResult(target, False, bundle + chosen, base_report.output_cosine, every.output_cosine, report,
+                           evaluations, reason)  # fmt: skip
     dropped = False
     # re-check: drop what the others made unnecessary (not the last pick: without it the target was missed)
     for name in [n for n in chosen if n not in last] if len(chosen) > 1 else []:
@@ -429,9 +471,13 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
             dropped = True
     if dropped:
         report = evaluate(chosen, per_layer=True)
-    reason = f"{len(chosen)} float layer(s) reach {report.output_cosine:.6f} >= {target}"
-    return MixedResult(target, True, chosen, base_report.output_cosine, every.output_cosine, report, evaluations,
-                       reason)  # fmt: skip
+    reason = f"{len(chosen)} float layer(s){_with(bundle)} reach {report.output_cosine:.6f} >= {target}"
+    return MixedResult(target, True, bundle + chosen, base_report.output_cosine, every.output_cosine, report,
+                       evaluations, reason)  # fmt: skip
+
+
+def _with(bundle: list[str]) -> str:
+    return f" and {len(bundle)} averaging one(s)" if bundle else ""
 
 
 def _ranked_prefix(evaluate: Callable[..., CompareReport], target: float, max_layers: int, order: list[str],
@@ -556,8 +602,15 @@ def held_out_search(
     input_shapes: InputShapes | None = None,
     base: Sequence[str] = (),
     refinement: Refinement | None = None,
+    calibration: Sequence[dict[str, np.ndarray]] = (),
 ) -> MixedResult:
     """`npuc calibrate --target-cos`: the fewest cv18xx layers to keep in bf16, besides `base`, for an output
-    cosine >= `target` on samples the thresholds never saw (on the graph `refinement` makes, when given)."""
-    comparison = Comparison(model, table, held_out, _scheme("cv18xx", "int8"), input_shapes, refinement=refinement)
-    return auto_mixed(comparison, target, max_layers, base)
+    cosine >= `target` on samples the thresholds never saw (on the graph `refinement` makes, when given). The
+    averaging layers are judged as one on those and the `calibration` samples together (`auto_mixed`)."""
+    scheme = _scheme("cv18xx", "int8")
+    comparison = Comparison(model, table, held_out, scheme, input_shapes, refinement=refinement)
+
+    def wide() -> Comparison:
+        return Comparison(model, table, [*held_out, *calibration], scheme, input_shapes, refinement=refinement)
+
+    return auto_mixed(comparison, target, max_layers, base, wider=wide)
