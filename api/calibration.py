@@ -202,7 +202,7 @@ def calibrate(
         elif side_file(output).exists():  # a build would apply it to this table
             side_file(output).unlink()
             done.notes.append(f"removed {side_file(output)}, made for an earlier table")
-        calibrated = [f for f in usable if f not in set(held_out)]
+        calibrated = [f for f in usable if f not in held_out]  # held_out: a handful of paths
         lines, bf16_layers = steps.write_qtable_beside(model, result.table, output, shapes, patterns, held_out, pre,
                                                        target_cos, max_float_layers or DEFAULT_MAX_FLOAT_LAYERS,
                                                        explicit_target, refinement, calibrated)  # fmt: skip

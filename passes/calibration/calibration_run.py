@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 METHOD_FOLDS = 5  # the method choice's cross-validation folds (SampleSplit)
-WIDE_SAMPLES = 32  # calibration samples that join the held-out ones to judge the averaging layers
+WIDE_SAMPLES = 32  # calibration samples that join the held-out ones to judge the mixed-precision choices
 
 
 def pattern_layers_of(model: Path, shapes: dict, enabled: bool) -> dict[str, list[str]]:
@@ -256,7 +256,10 @@ def write_qtable_beside(model: Path, table: Any, output: Path, shapes: dict, fou
 
         inputs = plan_calibration(model, shapes or None).inputs
         feeds = [load_sample(p, inputs, pre) for p in held_out]
-        wide = [load_sample(calibrated[i], inputs, pre) for i in evaluation_picks(len(calibrated), WIDE_SAMPLES)]
+
+        def wide() -> list[dict]:  # loaded only when int8 misses the target on the held-out part
+            return [load_sample(calibrated[i], inputs, pre) for i in evaluation_picks(len(calibrated), WIDE_SAMPLES)]
+
         mixed = held_out_search(model, table, feeds, target, max_layers, shapes or None, base, refinement, wide)
         chosen = mixed.float_layers
         kept = "the qtable holds the best layers found" if base or chosen or explicit else "no qtable written"

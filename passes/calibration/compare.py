@@ -386,10 +386,10 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     """The fewest float layers (greedy, bounded) for an output cosine >= target; see the module docstring.
     `base`: layers in float from the start (a pattern's), not counted among those chosen; `order`: a ranking of
     the int8 layers (passes/calibration/sensitivity.py), whose shortest reaching prefix is searched instead;
-    `wider`: makes the same model's comparison on more samples (once the search needs it), which judges two
-    things the few samples of `comparison` cannot:
-    every int8 averaging layer (`Comparison.averaging_layers`) in float at once, tried first and kept when the
-    output gains (not counted against `max_layers`), and the greedy's picks, dropped when they lose."""
+    `wider`: makes the same model's comparison on more samples (called once the search needs it), which judges
+    what the few samples of `comparison` cannot: every int8 averaging layer (`Comparison.averaging_layers`) in
+    float at once, tried first and kept when the output gains (not counted against `max_layers`), and the
+    greedy's picks, dropped when they do not gain."""
     bundle: list[str] = []
 
     def evaluate(layers: Iterable[str] = (), per_layer: bool = False) -> CompareReport:
@@ -422,11 +422,11 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         wide = wider()
         widely = wide.evaluate(base).output_cosine
         averages = comparison.averaging_layers(candidates)
-        evaluations += 1
+        evaluations += 1 + bool(averages)
         if averages and (trial := wide.evaluate([*base, *averages]).output_cosine) > widely:
             bundle[:], widely = averages, trial
             report = evaluate(per_layer=True)
-            evaluations += 2
+            evaluations += 1
     chosen: list[str] = []
     tried, last = set(), []
     budget = 3 * max_layers  # evaluations the greedy phase may spend
@@ -602,15 +602,16 @@ def held_out_search(
     input_shapes: InputShapes | None = None,
     base: Sequence[str] = (),
     refinement: Refinement | None = None,
-    calibration: Sequence[dict[str, np.ndarray]] = (),
+    calibration: Callable[[], Sequence[dict[str, np.ndarray]]] = list,
 ) -> MixedResult:
     """`npuc calibrate --target-cos`: the fewest cv18xx layers to keep in bf16, besides `base`, for an output
-    cosine >= `target` on samples the thresholds never saw (on the graph `refinement` makes, when given). The
-    averaging layers are judged as one on those and the `calibration` samples together (`auto_mixed`)."""
+    cosine >= `target` on samples the thresholds never saw (on the graph `refinement` makes, when given). Those
+    and the samples `calibration` loads (only when int8 misses the target) judge the averaging layers and the
+    greedy's picks (`auto_mixed`'s `wider`)."""
     scheme = _scheme("cv18xx", "int8")
     comparison = Comparison(model, table, held_out, scheme, input_shapes, refinement=refinement)
 
     def wide() -> Comparison:
-        return Comparison(model, table, [*held_out, *calibration], scheme, input_shapes, refinement=refinement)
+        return Comparison(model, table, [*held_out, *calibration()], scheme, input_shapes, refinement=refinement)
 
     return auto_mixed(comparison, target, max_layers, base, wider=wide)
