@@ -309,7 +309,8 @@ class Comparison:
         softmaxed = {name: getattr(self.producers.get(name), "kind", None) == "softmax" for name in outputs}
         self.runs.begin(qgraph)
         for i in range(len(self.feeds)) if samples is None else samples:
-            feed, ref_all = self.feeds[i], self.ref_layers(i)
+            # the float IR run is only for the judged tensors and the layers (the outputs' reference is onnxruntime's)
+            feed, ref_all = self.feeds[i], self.ref_layers(i) if per_layer or judged else {}
             q_all = self.runs.run(i, feed)
             for name, agreement in outputs.items():
                 agreement.add(self.ref_outputs[i][name], q_all[name], class_axes[name], softmaxed[name])
@@ -420,10 +421,10 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
     report, widely = base_report, None  # widely: `wider`'s output cosine of what is kept so far
     if wider is not None:
         wide = wider()
-        widely = wide.evaluate(base).output_cosine
+        widely = wide.evaluate(base, per_layer=False).output_cosine
         averages = comparison.averaging_layers(candidates)
         evaluations += 1 + bool(averages)
-        if averages and (trial := wide.evaluate([*base, *averages]).output_cosine) > widely:
+        if averages and (trial := wide.evaluate([*base, *averages], per_layer=False).output_cosine) > widely:
             bundle[:], widely = averages, trial
             report = evaluate(per_layer=True)
             evaluations += 1
@@ -440,16 +441,17 @@ def auto_mixed(comparison: Comparison, target: float, max_layers: int = DEFAULT_
         unit = [n for n in comparison.unit(pick) if n not in chosen and n not in bundle]
         if len(chosen) + len(unit) > max_layers:
             continue
-        # with its layers pooled: a kept pick's layers choose the next pick (a re-run would cost a whole trial)
-        trial = evaluate(chosen + unit, per_layer=True)
+        # outputs only: most trials are rejected. A kept pick's layers, pooled by measuring it again, choose the
+        # next pick; that costs the pooling, not a run (the cache resumes the same graph at its end when it kept it).
+        trial = evaluate(chosen + unit)
         evaluations, budget = evaluations + 1, budget - 1
         if trial.output_cosine > report.output_cosine:  # keep only picks that help the output
             chosen += unit
-            report, last = trial, unit
+            report, last = evaluate(chosen, per_layer=True), unit
     unheld = ""
     if chosen and widely is not None:
         evaluations += 1
-        if wide.evaluate([*base, *bundle, *chosen]).output_cosine <= widely:
+        if wide.evaluate([*base, *bundle, *chosen], per_layer=False).output_cosine <= widely:
             unheld = f"; {len(chosen)} pick(s) dropped: no gain on {len(wide.feeds)} samples"
             chosen, last, report = [], [], evaluate(per_layer=True)
             evaluations += 1
