@@ -124,10 +124,9 @@ def test_auto_mixed_finds_the_badly_calibrated_layer(samples, tmp_path, row, cho
     assert result.evaluations == 3
 
 
-def test_output_only_evaluations_skip_the_float_ir_run_and_rejected_trials_skip_the_layers(samples, tmp_path,
-                                                                                           monkeypatch):  # fmt: skip
-    """Searches score outputs: with no softmax output (judged by its logits) nothing needs the float IR's tensors,
-    and a greedy trial's layers are pooled only when the pick is kept (they choose the next pick)."""
+def test_output_only_evaluations_skip_the_float_ir_run(samples, tmp_path, monkeypatch):  # noqa: ANN001
+    """Searches score outputs: with no softmax output (judged by its logits) nothing needs the float IR's tensors;
+    only the evaluations whose layers rank the picks pool them."""
     comparison = Comparison(MODEL, read_table(shrunk_table(tmp_path, "relu_26_Relu")), samples, "cv18xx_int8")
     float_runs, evaluate = [], comparison.evaluate
     monkeypatch.setattr(comparison, "ref_layers", lambda i, ref=comparison.ref_layers: float_runs.append(i) or ref(i))
@@ -142,9 +141,9 @@ def test_output_only_evaluations_skip_the_float_ir_run_and_rejected_trials_skip_
     monkeypatch.setattr(comparison, "evaluate", spy)
     result = auto_mixed(comparison, 0.999)
     assert result.float_layers == ["relu_26", "relu_34"] and result.evaluations == 3
-    # the base (its layers rank the picks), every int8 layer in float, the trial, the kept trial's layers
-    assert [per_layer for _, per_layer in pooled] == [True, False, False, True]
-    assert pooled[2][0] == pooled[3][0] == ["relu_26", "relu_34"]
+    # the base and the greedy's trial (their layers rank the picks); every int8 layer in float: outputs only
+    assert [per_layer for _, per_layer in pooled] == [True, False, True]
+    assert pooled[2][0] == ["relu_26", "relu_34"]
     assert float_runs == list(range(len(comparison.feeds))) * 2  # asked for by the two pooled evaluations only
 
 
